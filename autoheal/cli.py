@@ -1,0 +1,170 @@
+"""The `autoheal` command line: the lab for developers, the runner's commands for on-call.
+
+This is the outer edge of the package: it wires the lab and the runner together and is the only
+module that prints for humans (rich) or for scripts (`--json`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from autoheal.errors import AutohealError
+from autoheal.lab import lab as labmod
+from autoheal.lab.config import LabConfig, PoolConfig
+
+app = typer.Typer(
+    help="autoheal: self-healing GPU training clusters (Slurm on Kubernetes).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+lab_app = typer.Typer(help="The local lab: real Slurm, Prometheus, Alertmanager, Kubernetes.", no_args_is_help=True)
+app.add_typer(lab_app, name="lab")
+console = Console(stderr=True)
+out = Console()
+
+NameOpt = Annotated[str, typer.Option("--name", help="Lab name (its run dir is <root>/<name>).")]
+RootOpt = Annotated[
+    Path | None, typer.Option("--root", help="Directory holding labs [env AUTOHEAL_LAB_ROOT, .lab].")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _progress(msg: str) -> None:
+    console.print(f"[dim]lab[/dim] {msg}")
+
+
+@lab_app.command("up")
+def lab_up(
+    name: NameOpt = "default",
+    root: RootOpt = None,
+    port_base: Annotated[int, typer.Option(help="First of the lab's loopback ports.")] = 21000,
+    nodes: Annotated[int, typer.Option(help="Active GPU nodes in the pool.")] = 4,
+    spares: Annotated[int, typer.Option(help="Hot spare nodes.")] = 2,
+    headroom: Annotated[int, typer.Option(help="FUTURE nodes replacements can use.")] = 6,
+    gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
+    webhook_url: Annotated[
+        str | None, typer.Option(help="Where Alertmanager posts (default: the lab's runner).")
+    ] = None,
+    kube: Annotated[bool, typer.Option(help="Start the Kubernetes control plane if built.")] = True,
+    grace: Annotated[int, typer.Option(help="Job grace period in seconds (Slurm KillWait).")] = 120,
+) -> None:
+    """Start the lab (idempotent: a running lab is left as it is)."""
+    kw: dict[str, object] = {}
+    if root is not None:
+        kw["root"] = root
+    cfg = LabConfig(
+        name=name,
+        port_base=port_base,
+        pools=[PoolConfig(size=nodes, spares=spares, headroom=headroom, gpus_per_node=gpus)],
+        webhook_url=webhook_url,
+        kube=kube,
+        grace_seconds=grace,
+        **kw,  # type: ignore[arg-type]
+    )
+    cfg = labmod.up(cfg, _progress)
+    _print_status(labmod.status(cfg), False)
+
+
+@lab_app.command("status")
+def lab_status(name: NameOpt = "default", root: RootOpt = None, json_: JsonOpt = False) -> None:
+    """Show every lab service and whether it is healthy (exit 1 if not)."""
+    st = labmod.status(labmod.require(name, root))
+    _print_status(st, json_)
+    raise typer.Exit(0 if st.healthy else 1)
+
+
+def _print_status(st: labmod.LabStatus, as_json: bool) -> None:
+    if as_json:
+        out.print_json(json.dumps(st.as_dict()))
+        return
+    t = Table(title=f"lab {st.name}: {'healthy' if st.healthy else 'NOT healthy'}")
+    t.add_column("service")
+    t.add_column("state")
+    t.add_column("detail")
+    for s in st.services:
+        t.add_row(s.name, "[green]ok[/green]" if s.healthy else "[red]down[/red]", s.detail)
+    out.print(t)
+
+
+@lab_app.command("down")
+def lab_down(name: NameOpt = "default", root: RootOpt = None) -> None:
+    """Stop every process of the lab by PID (a no-op when nothing runs)."""
+    from autoheal.lab.config import load_lab
+
+    cfg = load_lab(name, root)
+    if cfg is None:
+        console.print(f"lab {name!r}: nothing to stop")
+        return
+    stopped = labmod.down(cfg)
+    console.print(f"lab {name!r}: stopped {len(stopped)} processes")
+
+
+@lab_app.command("logs")
+def lab_logs(
+    name: NameOpt = "default",
+    root: RootOpt = None,
+    service: Annotated[str | None, typer.Argument(help="Service whose log tail to print.")] = None,
+    lines: int = 40,
+) -> None:
+    """List the lab's log files, or print the tail of one."""
+    files = labmod.logs(labmod.require(name, root))
+    if service is None:
+        for svc, path in files.items():
+            out.print(f"{svc:30} {path}")
+        return
+    if service not in files:
+        raise AutohealError(f"no log for {service!r}; known: {', '.join(files)}")
+    text = files[service].read_text(errors="replace").splitlines()
+    out.print("\n".join(text[-lines:]), markup=False, highlight=False)
+
+
+@lab_app.command("inject")
+def lab_inject(
+    node: Annotated[str, typer.Option(help="Node name, e.g. gpu-2.")],
+    name: NameOpt = "default",
+    root: RootOpt = None,
+    gpu: Annotated[int | None, typer.Option(help="GPU index on the node.")] = None,
+    xid: Annotated[int | None, typer.Option(help="XID to raise, e.g. 79.")] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Clear the node's (or GPU's) XID.")] = False,
+) -> None:
+    """Raise an XID on a simulated GPU (or clear it with --clear)."""
+    if clear == (xid is not None):
+        raise AutohealError("give exactly one of --xid N or --clear")
+    labmod.inject(labmod.require(name, root), node, gpu, None if clear else xid)
+    console.print(f"{'cleared' if clear else f'XID {xid} raised on'} {node} gpu {gpu}")
+
+
+@lab_app.command("demo")
+def lab_demo(
+    name: NameOpt = "default",
+    root: RootOpt = None,
+    keep: Annotated[bool, typer.Option(help="Leave the lab up afterwards.")] = False,
+) -> None:
+    """Bring the lab up, inject XID 79 and show the alert arriving."""
+    from autoheal.lab.demo import run_demo
+
+    run_demo(name, root, keep, console, out)
+
+
+def _register_runner() -> None:
+    try:
+        from remediation.cli import register
+    except ImportError:
+        return
+    register(app)
+
+
+def main() -> None:
+    _register_runner()
+    try:
+        app()
+    except AutohealError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)

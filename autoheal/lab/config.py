@@ -1,0 +1,141 @@
+"""The shape of one lab: its pools, its ports and where its files live.
+
+A lab is saved as `<root>/<name>/lab.json` when it comes up, so `status`, `inject`, `down` and the
+tests find the same ports and paths without being told twice. Port blocks are explicit (`port_base`)
+so two labs, or a lab and a system service, never collide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from autoheal.errors import ConfigError
+from autoheal.slurmconf import SlurmConfSpec, SlurmPool
+
+# Offsets from port_base. slurmd ports start at SLURMD_OFFSET, one per node.
+PORTS = {
+    "slurmctld": 0,
+    "prometheus": 1,
+    "alertmanager": 2,
+    "simulator": 4,
+    "runner": 5,
+    "sink": 6,
+    "pool_controller": 7,
+    "kube": 20,  # a block of 20 for the control plane
+}
+SLURMD_OFFSET = 100
+MAX_NODES = 1900
+
+
+class PoolConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="h100", pattern=r"^[a-z][a-z0-9]{0,15}$")
+    prefix: str = Field(default="gpu", pattern=r"^[a-z][a-z0-9-]{0,20}$")
+    size: int = Field(default=4, ge=1)
+    spares: int = Field(default=2, ge=0)
+    headroom: int = Field(default=6, ge=0)
+    gpus_per_node: int = Field(default=8, ge=1, le=16)
+    gpu_model: str = "NVIDIA H100 80GB HBM3"
+    gpu_type: str = "h100"
+
+    def slurm(self) -> SlurmPool:
+        return SlurmPool(
+            name=self.name,
+            prefix=self.prefix,
+            size=self.size,
+            spares=self.spares,
+            headroom=self.headroom,
+            gpus_per_node=self.gpus_per_node,
+            gpu_type=self.gpu_type,
+        )
+
+
+class LabConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="default", pattern=r"^[a-z][a-z0-9-]{0,30}$")
+    root: Path = Field(default_factory=lambda: Path(os.environ.get("AUTOHEAL_LAB_ROOT", ".lab")))
+    port_base: int = Field(default=21000, ge=1024, le=30000)
+    pools: list[PoolConfig] = Field(default_factory=lambda: [PoolConfig()])
+    webhook_url: str | None = None
+    interval: str = "1s"
+    kube: bool = True
+    grace_seconds: int = Field(default=120, ge=1)
+
+    @model_validator(mode="after")
+    def _fits(self) -> LabConfig:
+        n = sum(p.size + p.spares + p.headroom for p in self.pools)
+        if n > MAX_NODES:
+            raise ValueError(f"pools: {n} nodes do not fit the port block (max {MAX_NODES})")
+        prefixes = [p.prefix for p in self.pools]
+        if len(set(prefixes)) != len(prefixes):
+            raise ValueError("pools: every pool needs its own prefix")
+        self.root = self.root.resolve()
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / self.name
+
+    def port(self, service: str) -> int:
+        return self.port_base + PORTS[service]
+
+    def url(self, service: str, path: str = "") -> str:
+        return f"http://127.0.0.1:{self.port(service)}{path}"
+
+    @property
+    def effective_webhook_url(self) -> str:
+        return self.webhook_url or self.url("runner", "/webhook")
+
+    def slurm_pools(self) -> list[SlurmPool]:
+        return [p.slurm() for p in self.pools]
+
+    def slurm_spec(self) -> SlurmConfSpec:
+        d = self.run_dir / "slurm"
+        return SlurmConfSpec(
+            cluster_name=f"lab{self.name.replace('-', '')}"[:30],
+            controller_host="localhost",
+            controller_port=self.port("slurmctld"),
+            pools=self.slurm_pools(),
+            state_dir=str(d / "state"),
+            spool_dir=str(d / "spool"),
+            log_dir=str(self.run_dir / "logs"),
+            run_dir=str(d / "run"),
+            gres_dev_dir=str(d / "dev"),
+            slurmd_port_base=self.port_base + SLURMD_OFFSET,
+            node_addr="127.0.0.1",
+            auth_socket=str(self.run_dir / "munge" / "munge.socket"),
+            grace_seconds=self.grace_seconds,
+        )
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.run_dir / "slurm" / "slurm.conf"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.run_dir / "kubeconfig"
+
+    def slurm_env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.slurm_conf)}
+
+    def save(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "lab.json").write_text(self.model_dump_json(indent=2))
+
+
+def load_lab(name: str = "default", root: Path | None = None) -> LabConfig | None:
+    """The saved config of a lab that was brought up, or None if there is none."""
+    base = (root or Path(os.environ.get("AUTOHEAL_LAB_ROOT", ".lab"))).resolve()
+    path = base / name / "lab.json"
+    if not path.exists():
+        return None
+    try:
+        return LabConfig.model_validate(json.loads(path.read_text()))
+    except ValueError as exc:
+        raise ConfigError(f"{path}: invalid lab state: {exc}") from exc

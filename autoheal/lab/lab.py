@@ -1,0 +1,270 @@
+"""Bring the whole lab up, report its health, and tear it down without leaving a process behind.
+
+`up` is all-or-nothing: any service that fails to start stops everything that was started, and the
+error names the service, the cause and its log file. `up` on a running lab does not start a second
+copy; `down` on nothing is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from autoheal.errors import LabError
+from autoheal.lab import procs, prom, slurm
+from autoheal.lab.config import LabConfig, load_lab
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass
+class ServiceStatus:
+    name: str
+    healthy: bool
+    detail: str = ""
+
+
+@dataclass
+class LabStatus:
+    name: str
+    up: bool
+    services: list[ServiceStatus] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return self.up and all(s.healthy for s in self.services)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "up": self.up,
+            "healthy": self.healthy,
+            "services": [vars(s) for s in self.services],
+        }
+
+
+def hardware_nodes(cfg: LabConfig) -> list[str]:
+    """Nodes that exist at start: each pool's active nodes and hot spares (not FUTURE headroom)."""
+    return [n for p in cfg.slurm_pools() for n in p.active_nodes() + p.spare_nodes()]
+
+
+def node_models(cfg: LabConfig) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pool in cfg.pools:
+        sp = pool.slurm()
+        for n in sp.active_nodes() + sp.spare_nodes():
+            out[n] = pool.gpu_model
+    return out
+
+
+def kube_available() -> bool:
+    try:
+        from autoheal.lab import kube
+    except ImportError:
+        return False
+    try:
+        for tool in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+            kube.tool_path(tool)
+    except Exception:
+        return False
+    return True
+
+
+def up(cfg: LabConfig, progress: Progress = _quiet) -> LabConfig:
+    existing = load_lab(cfg.name, cfg.root)
+    if existing is not None and procs.running(existing.run_dir):
+        st = status(existing)
+        if st.healthy:
+            progress(f"lab {cfg.name!r} is already up")
+            return existing
+        raise LabError(
+            f"lab {cfg.name!r} is partly running ({', '.join(s.name for s in st.services if not s.healthy)} "
+            f"unhealthy); run `autoheal lab down --name {cfg.name}` first"
+        )
+    slurm.check_installed()
+    prom.check_installed()
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save()
+    t0 = time.monotonic()
+    try:
+        _start_all(cfg, progress)
+    except BaseException:
+        progress("start failed: stopping what was started")
+        down(cfg)
+        raise
+    progress(f"lab {cfg.name!r} up in {time.monotonic() - t0:.1f}s ({cfg.run_dir})")
+    return cfg
+
+
+def _step(progress: Progress, what: str) -> float:
+    progress(f"starting {what}")
+    return time.monotonic()
+
+
+def _start_all(cfg: LabConfig, progress: Progress) -> None:
+    nodes = hardware_nodes(cfg)
+    _step(progress, "munged")
+    slurm.write_config(cfg)
+    slurm.start_munge(cfg)
+    _step(progress, "slurmctld")
+    slurm.start_slurmctld(cfg)
+    _step(progress, f"{len(nodes)} slurmd")
+    slurm.start_slurmd(cfg, nodes)
+    _step(progress, "GPU simulator")
+    start_simulator(cfg)
+    _step(progress, "prometheus + alertmanager")
+    prom.write_config(cfg)
+    prom.start_alertmanager(cfg)
+    prom.start_prometheus(cfg)
+    if cfg.kube and kube_available():
+        _step(progress, "kubernetes control plane (KWOK nodes)")
+        start_kube(cfg)
+    progress("waiting for slurmd registration")
+    slurm.wait_nodes_registered(cfg, nodes)
+
+
+def start_simulator(cfg: LabConfig) -> None:
+    port = cfg.port("simulator")
+    if not procs.port_free(port):
+        raise LabError(f"simulator: port {port} is in use; choose another --port-base")
+    gpus = max(p.gpus_per_node for p in cfg.pools)
+    proc = procs.spawn(
+        "simulator",
+        [
+            sys.executable,
+            "-m",
+            "autoheal.lab.simulator",
+            f"--port={port}",
+            f"--gpus={gpus}",
+            f"--nodes={json.dumps(node_models(cfg))}",
+            f"--state={cfg.run_dir / 'simulator.json'}",
+        ],
+        cfg.run_dir,
+    )
+    procs.wait_until(
+        lambda: httpx.get(cfg.url("simulator", "/healthz"), timeout=1).status_code == 200,
+        20,
+        "simulator",
+        proc,
+    )
+
+
+def start_kube(cfg: LabConfig) -> None:
+    from autoheal.lab import kube
+
+    specs = []
+    for pool in cfg.pools:
+        sp = pool.slurm()
+        base = {
+            "autoheal.io/pool": pool.name,
+            "autoheal.io/gpu-model": pool.gpu_type,
+            "nvidia.com/gpu.product": pool.gpu_model.replace(" ", "-"),
+            "node-role.kubernetes.io/gpu": "",
+        }
+        gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+        for n in sp.active_nodes():
+            specs.append(kube.KubeNodeSpec(n, dict(base), [gpu_taint], pool.gpus_per_node))
+        for n in sp.spare_nodes():
+            labels = dict(base, **{"autoheal.io/spare": "true"})
+            taints = [gpu_taint, {"key": "autoheal.io/spare", "value": "true", "effect": "NoSchedule"}]
+            specs.append(kube.KubeNodeSpec(n, labels, taints, pool.gpus_per_node))
+    kube.start_control_plane(cfg.run_dir, specs, cfg.port("kube"))
+
+
+def down(cfg: LabConfig) -> list[str]:
+    """Stop every process of the lab (by its PID files). Returns the names stopped."""
+    if kube_available() or (cfg.run_dir / "kubeconfig").exists():
+        try:
+            from autoheal.lab import kube
+
+            kube.stop_control_plane(cfg.run_dir)
+        except ImportError:
+            pass
+    d = procs.pid_dir(cfg.run_dir)
+    names = sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
+    # stop in reverse dependency order: observers first, munge last
+    first = [n for n in names if n not in ("slurmctld", "munged")]
+    stopped = procs.stop_many(cfg.run_dir, first)
+    for n in ("slurmctld", "munged"):
+        if n in names and procs.stop(cfg.run_dir, n):
+            stopped.append(n)
+    return stopped
+
+
+def status(cfg: LabConfig) -> LabStatus:
+    live = procs.running(cfg.run_dir)
+    st = LabStatus(cfg.name, up=bool(live))
+    checks: list[tuple[str, Callable[[], str]]] = [
+        ("munged", lambda: "socket ok"),
+        ("slurmctld", lambda: slurm.run(cfg, ["scontrol", "ping"], timeout=5).split(" is ")[-1].strip()),
+        ("prometheus", lambda: _http(cfg.url("prometheus", "/-/ready"))),
+        ("alertmanager", lambda: _http(cfg.url("alertmanager", "/-/ready"))),
+        ("simulator", lambda: _http(cfg.url("simulator", "/healthz"))),
+    ]
+    for name, check in checks:
+        if name not in live:
+            st.services.append(ServiceStatus(name, False, "not running"))
+            continue
+        try:
+            st.services.append(ServiceStatus(name, True, check()))
+        except Exception as exc:
+            st.services.append(ServiceStatus(name, False, str(exc)[:120]))
+    slurmds = [n for n in live if n.startswith("slurmd-")]
+    want = [f"slurmd-{n}" for n in hardware_nodes(cfg)]
+    missing = [n for n in want if n not in live]
+    st.services.append(
+        ServiceStatus(
+            "slurmd",
+            not missing,
+            f"{len(slurmds)} running" + (f"; missing {', '.join(missing[:5])}" if missing else ""),
+        )
+    )
+    if (cfg.run_dir / "kubeconfig").exists():
+        try:
+            from autoheal.lab import kube
+
+            for name, ok in kube.control_plane_status(cfg.run_dir).items():
+                st.services.append(ServiceStatus(name, ok, "ok" if ok else "unhealthy"))
+        except ImportError:
+            pass
+    return st
+
+
+def _http(url: str) -> str:
+    r = httpx.get(url, timeout=2)
+    r.raise_for_status()
+    return "ready"
+
+
+def inject(cfg: LabConfig, node: str, gpu: int | None, xid: int | None) -> None:
+    """Set (or with xid None, clear) the XID gauge of a simulated GPU."""
+    if xid is None:
+        r = httpx.post(cfg.url("simulator", "/v1/clear"), json={"node": node, "gpu": gpu}, timeout=5)
+    else:
+        r = httpx.post(
+            cfg.url("simulator", "/v1/xid"), json={"node": node, "gpu": gpu, "xid": xid}, timeout=5
+        )
+    if r.status_code != 200:
+        raise LabError(f"simulator: {r.json().get('error', r.text)}")
+
+
+def logs(cfg: LabConfig) -> dict[str, Path]:
+    d = procs.log_dir(cfg.run_dir)
+    return {p.stem: p for p in sorted(d.glob("*.log"))} if d.is_dir() else {}
+
+
+def require(name: str, root: Path | None = None) -> LabConfig:
+    cfg = load_lab(name, root)
+    if cfg is None:
+        raise LabError(f"lab {name!r} has never been brought up; run `autoheal lab up --name {name}`")
+    return cfg

@@ -1,0 +1,97 @@
+"""The lab's real Prometheus and Alertmanager, loaded with the rules and routes autoheal ships.
+
+Both run from Debian's packages with their own config and data directories on loopback ports;
+Alertmanager's gossip is turned off (`--cluster.listen-address=`) so labs never find each other.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import httpx
+import yaml
+
+from autoheal.errors import LabError
+from autoheal.lab import procs
+from autoheal.lab.config import LabConfig
+from autoheal.monitoring import (
+    render_alertmanager_config,
+    render_prometheus_config,
+    render_xid_rules,
+)
+
+PROMETHEUS = "prometheus"
+ALERTMANAGER = "prometheus-alertmanager"
+
+
+def check_installed() -> None:
+    for binary, pkg in ((PROMETHEUS, "prometheus"), (ALERTMANAGER, "prometheus-alertmanager")):
+        if shutil.which(binary) is None:
+            raise LabError(f"{binary}: not installed (Debian package {pkg}); run scripts/bootstrap.sh")
+
+
+def _ready(url: str) -> bool:
+    return httpx.get(url, timeout=1.0).status_code == 200
+
+
+def write_config(cfg: LabConfig) -> None:
+    d = cfg.run_dir / "monitoring"
+    d.mkdir(parents=True, exist_ok=True)
+    token = cfg.run_dir / "runner.token"
+    if not token.exists():
+        import secrets
+
+        token.write_text(secrets.token_urlsafe(32))
+        token.chmod(0o600)
+    (d / "xid.rules.yml").write_text(yaml.safe_dump(render_xid_rules(), sort_keys=False))
+    prom = render_prometheus_config(
+        [str(d / "xid.rules.yml")],
+        [f"127.0.0.1:{cfg.port('simulator')}"],
+        f"127.0.0.1:{cfg.port('alertmanager')}",
+        interval=cfg.interval,
+    )
+    (d / "prometheus.yml").write_text(yaml.safe_dump(prom, sort_keys=False))
+    am = render_alertmanager_config(cfg.effective_webhook_url, str(token))
+    (d / "alertmanager.yml").write_text(yaml.safe_dump(am, sort_keys=False))
+
+
+def start_prometheus(cfg: LabConfig) -> None:
+    port = cfg.port("prometheus")
+    if not procs.port_free(port):
+        raise LabError(f"prometheus: port {port} is in use; choose another --port-base")
+    d = cfg.run_dir / "monitoring"
+    proc = procs.spawn(
+        "prometheus",
+        [
+            PROMETHEUS,
+            f"--config.file={d / 'prometheus.yml'}",
+            f"--storage.tsdb.path={d / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+            f"--web.external-url=http://127.0.0.1:{port}",
+        ],
+        cfg.run_dir,
+    )
+    procs.wait_until(lambda: _ready(cfg.url("prometheus", "/-/ready")), 30, "prometheus", proc)
+
+
+def start_alertmanager(cfg: LabConfig) -> None:
+    port = cfg.port("alertmanager")
+    if not procs.port_free(port):
+        raise LabError(f"alertmanager: port {port} is in use; choose another --port-base")
+    d = cfg.run_dir / "monitoring"
+    proc = procs.spawn(
+        "alertmanager",
+        [
+            ALERTMANAGER,
+            f"--config.file={d / 'alertmanager.yml'}",
+            f"--storage.path={d / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+            f"--web.external-url=http://127.0.0.1:{port}",
+        ],
+        cfg.run_dir,
+    )
+    procs.wait_until(
+        lambda: _ready(cfg.url("alertmanager", "/-/ready")), 30, "alertmanager", proc
+    )

@@ -1,0 +1,191 @@
+"""A GPU fleet simulator that speaks dcgm-exporter's metric names, with an XID injection API.
+
+Prometheus scrapes it exactly as it would scrape dcgm-exporter on a real node (same metric names and
+labels: gpu, UUID, device, modelName, Hostname), so the alert rules under test are the shipped ones.
+`DCGM_FI_DEV_XID_ERRORS` is a gauge holding the last XID seen on a GPU (0 = none), as in dcgm.
+
+API (JSON):  GET /healthz   GET /metrics   GET /v1/nodes   PUT /v1/nodes {"nodes": {name: model}}
+             POST /v1/xid {"node", "gpu", "xid"}   POST /v1/clear {"node", "gpu"?}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from autoheal.names import is_node_name
+
+LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
+
+
+class Fleet(Collector):
+    """The simulated GPUs: nodes -> model, and injected XIDs per (node, gpu)."""
+
+    def __init__(self, gpus_per_node: int, state_file: Path | None = None) -> None:
+        self.gpus_per_node = gpus_per_node
+        self.nodes: dict[str, str] = {}
+        self.xids: dict[tuple[str, int], int] = {}
+        self.lock = threading.Lock()
+        self.state_file = state_file
+        if state_file and state_file.exists():
+            s = json.loads(state_file.read_text())
+            self.nodes = dict(s["nodes"])
+            self.xids = {(n, int(g)): int(x) for n, g, x in s["xids"]}
+
+    def _save(self) -> None:
+        if self.state_file:
+            xids = [[n, g, x] for (n, g), x in self.xids.items()]
+            tmp = self.state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"nodes": self.nodes, "xids": xids}))
+            tmp.replace(self.state_file)
+
+    def set_nodes(self, nodes: dict[str, str]) -> None:
+        with self.lock:
+            self.nodes = dict(nodes)
+            self.xids = {k: v for k, v in self.xids.items() if k[0] in self.nodes}
+            self._save()
+
+    def inject(self, node: str, gpu: int, xid: int) -> None:
+        with self.lock:
+            self.xids[(node, gpu)] = xid
+            self._save()
+
+    def clear(self, node: str, gpu: int | None) -> None:
+        with self.lock:
+            self.xids = {
+                k: v for k, v in self.xids.items() if not (k[0] == node and gpu in (None, k[1]))
+            }
+            self._save()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self.lock:
+            nodes = dict(self.nodes)
+            xids = dict(self.xids)
+        fams = {
+            "xid": GaugeMetricFamily("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=LABELS),
+            "util": GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", labels=LABELS),
+            "temp": GaugeMetricFamily("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", labels=LABELS),
+            "power": GaugeMetricFamily("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", labels=LABELS),
+            "fb": GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=LABELS),
+        }
+        for ni, (node, model) in enumerate(sorted(nodes.items())):
+            for g in range(self.gpus_per_node):
+                uuid = f"GPU-{ni:08x}-0000-0000-0000-{g:012x}"
+                labels = [str(g), uuid, f"nvidia{g}", model, node]
+                xid = xids.get((node, g), 0)
+                fams["xid"].add_metric(labels, float(xid))
+                # a GPU that fell off the bus reports nothing useful: zeros, as dcgm does
+                healthy = xid == 0
+                fams["util"].add_metric(labels, 87.0 if healthy else 0.0)
+                fams["temp"].add_metric(labels, 61.0 + g if healthy else 0.0)
+                fams["power"].add_metric(labels, 540.0 if healthy else 0.0)
+                fams["fb"].add_metric(labels, 61440.0 if healthy else 0.0)
+        yield from fams.values()
+
+
+def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
+            pass
+
+        def _reply(self, code: int, body: Any, ctype: str = "application/json") -> None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> dict[str, Any]:
+            n = int(self.headers.get("Content-Length") or 0)
+            if n > 1 << 20:
+                raise ValueError("body too large")
+            data = json.loads(self.rfile.read(n) or b"{}")
+            if not isinstance(data, dict):
+                raise ValueError("body must be a JSON object")
+            return data
+
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._reply(200, generate_latest(registry), "text/plain; version=0.0.4")
+            elif self.path == "/healthz":
+                self._reply(200, {"ok": True})
+            elif self.path == "/v1/nodes":
+                xids = [{"node": n, "gpu": g, "xid": x} for (n, g), x in sorted(fleet.xids.items())]
+                self._reply(200, {"nodes": fleet.nodes, "xids": xids})
+            else:
+                self._reply(404, {"error": "not found"})
+
+        def do_PUT(self) -> None:
+            if self.path != "/v1/nodes":
+                self._reply(404, {"error": "not found"})
+                return
+            try:
+                nodes = self._body()["nodes"]
+                if not isinstance(nodes, dict) or not all(map(is_node_name, nodes)):
+                    raise ValueError("nodes: a map of valid node names to GPU models")
+            except (ValueError, KeyError) as exc:
+                self._reply(400, {"error": str(exc)})
+                return
+            fleet.set_nodes({str(k): str(v) for k, v in nodes.items()})
+            self._reply(200, {"nodes": len(nodes)})
+
+        def do_POST(self) -> None:
+            try:
+                body = self._body()
+                node = body.get("node")
+                if not is_node_name(node) or node not in fleet.nodes:
+                    raise ValueError(f"node: {node!r} is not a node of this fleet")
+                gpu = body.get("gpu")
+                if gpu is not None and not (isinstance(gpu, int) and 0 <= gpu < fleet.gpus_per_node):
+                    raise ValueError(f"gpu: must be 0..{fleet.gpus_per_node - 1}")
+                if self.path == "/v1/xid":
+                    xid = body.get("xid")
+                    if not (isinstance(xid, int) and 0 < xid < 1000) or gpu is None:
+                        raise ValueError("xid: an integer 1..999 and a gpu are required")
+                    fleet.inject(str(node), gpu, xid)
+                elif self.path == "/v1/clear":
+                    fleet.clear(str(node), gpu)
+                else:
+                    self._reply(404, {"error": "not found"})
+                    return
+            except ValueError as exc:
+                self._reply(400, {"error": str(exc)})
+                return
+            self._reply(200, {"ok": True})
+
+    return Handler
+
+
+def serve(port: int, gpus_per_node: int, nodes: dict[str, str], state_file: Path | None) -> None:
+    fleet = Fleet(gpus_per_node, state_file)
+    if not fleet.nodes:
+        fleet.set_nodes(nodes)
+    registry = CollectorRegistry()
+    registry.register(fleet)
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(fleet, registry))
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="autoheal GPU fleet simulator (dcgm-exporter metrics)")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--nodes", default="{}", help="JSON map of node name -> GPU model")
+    ap.add_argument("--state", type=Path, default=None)
+    a = ap.parse_args(argv)
+    serve(a.port, a.gpus, json.loads(a.nodes), a.state)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Prometheus rules and Alertmanager routing, rendered from the XID catalogue.
+
+The lab, the shipped files under monitoring/ and the Pulumi GpuMonitoring component all call these
+functions, so the rule that fires and the route that delivers are the same everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoheal.xid import Tier, XidCatalog, load_catalog
+
+XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
+FATAL_ALERT = "GpuXidFatal"
+WEBHOOK_RECEIVER = "autoheal-runner"
+
+
+def xid_expr(xids: list[int], metric: str = XID_METRIC) -> str:
+    """A PromQL selector matching any of `xids` (a regex matcher would need label values; the
+    gauge holds the XID as its value, so a comparison per XID is what works)."""
+    return " or ".join(f"{metric} == {x}" for x in xids)
+
+
+def render_xid_rules(catalog: XidCatalog | None = None, for_: str = "0s") -> dict[str, Any]:
+    """The rule group: one GpuXidFatal rule per acting tier, labelled with tier and the XID."""
+    cat = catalog or load_catalog()
+    rules: list[dict[str, Any]] = []
+    for tier in (Tier.REPLACE, Tier.RESET):
+        xids = cat.xids_of(tier)
+        if not xids:
+            continue
+        rules.append(
+            {
+                "alert": FATAL_ALERT,
+                "expr": xid_expr(xids),
+                "for": for_,
+                "labels": {
+                    "severity": "critical",
+                    "tier": tier.value,
+                    # the gauge's value is the XID; alert labels are templated, so it becomes a label
+                    "xid": "{{ $value }}",
+                },
+                "annotations": {
+                    "summary": "Fatal XID {{ $value }} on {{ $labels.Hostname }} GPU {{ $labels.gpu }}",
+                    "catalog_version": str(cat.version),
+                },
+            }
+        )
+    return {"groups": [{"name": "autoheal-xid", "rules": rules}]}
+
+
+def render_alertmanager_config(
+    webhook_url: str,
+    token_file: str,
+    group_wait: str = "0s",
+    group_interval: str = "1s",
+    repeat_interval: str = "1h",
+) -> dict[str, Any]:
+    """Route GPU XID alerts to the runner, grouped per node so a storm becomes per-node webhooks."""
+    return {
+        "route": {
+            "receiver": "null",
+            "group_by": ["alertname", "Hostname"],
+            "routes": [
+                {
+                    "receiver": WEBHOOK_RECEIVER,
+                    "matchers": [f'alertname="{FATAL_ALERT}"'],
+                    "group_by": ["alertname", "Hostname"],
+                    "group_wait": group_wait,
+                    "group_interval": group_interval,
+                    "repeat_interval": repeat_interval,
+                }
+            ],
+        },
+        "receivers": [
+            {"name": "null"},
+            {
+                "name": WEBHOOK_RECEIVER,
+                "webhook_configs": [
+                    {
+                        "url": webhook_url,
+                        "send_resolved": True,
+                        "max_alerts": 0,
+                        "http_config": {
+                            "authorization": {"type": "Bearer", "credentials_file": token_file}
+                        },
+                    }
+                ],
+            },
+        ],
+    }
+
+
+def render_prometheus_config(
+    rule_files: list[str],
+    scrape_targets: list[str],
+    alertmanager: str,
+    interval: str = "1s",
+) -> dict[str, Any]:
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "rule_files": rule_files,
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+        "scrape_configs": [
+            {"job_name": "dcgm", "static_configs": [{"targets": scrape_targets}]},
+        ],
+    }

@@ -24,14 +24,17 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-lab_app = typer.Typer(help="The local lab: real Slurm, Prometheus, Alertmanager, Kubernetes.", no_args_is_help=True)
+lab_app = typer.Typer(
+    help="The local lab: real Slurm, Prometheus, Alertmanager, Kubernetes.", no_args_is_help=True
+)
 app.add_typer(lab_app, name="lab")
 console = Console(stderr=True)
 out = Console()
 
 NameOpt = Annotated[str, typer.Option("--name", help="Lab name (its run dir is <root>/<name>).")]
 RootOpt = Annotated[
-    Path | None, typer.Option("--root", help="Directory holding labs [env AUTOHEAL_LAB_ROOT, .lab].")
+    Path | None,
+    typer.Option("--root", help="Directory holding labs [env AUTOHEAL_LAB_ROOT, .lab]."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
@@ -168,3 +171,37 @@ def main() -> None:
     except AutohealError as exc:
         console.print(f"[red]error:[/red] {exc}")
         sys.exit(2)
+
+
+monitoring_app = typer.Typer(
+    help="Prometheus rules and Alertmanager routes from the XID catalogue.", no_args_is_help=True
+)
+app.add_typer(monitoring_app, name="monitoring")
+
+
+@monitoring_app.command("render")
+def monitoring_render(
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write.")] = Path("monitoring"),
+) -> None:
+    """Write the shipped rule, Prometheus and Alertmanager files."""
+    from autoheal.monitoring import render_shipped
+
+    for f in render_shipped(str(out_dir)):
+        console.print(f"wrote {f}")
+
+
+@app.command("xids")
+def xids(json_: JsonOpt = False) -> None:
+    """List the XID catalogue: XID, action tier, name."""
+    from autoheal.xid import load_catalog
+
+    cat = load_catalog()
+    if json_:
+        out.print_json(cat.model_dump_json())
+        return
+    t = Table(title=f"XID catalogue v{cat.version} ({cat.source})")
+    for col in ("xid", "tier", "name"):
+        t.add_column(col)
+    for e in cat.xids:
+        t.add_row(str(e.xid), e.tier.value, e.name)
+    out.print(t)

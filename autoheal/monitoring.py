@@ -81,9 +81,7 @@ def render_alertmanager_config(
                         "url": webhook_url,
                         "send_resolved": True,
                         "max_alerts": 0,
-                        "http_config": {
-                            "authorization": {"type": "Bearer", "credentials_file": token_file}
-                        },
+                        "http_config": {"authorization": {"type": "Bearer", "credentials_file": token_file}},
                     }
                 ],
             },
@@ -105,3 +103,39 @@ def render_prometheus_config(
             {"job_name": "dcgm", "static_configs": [{"targets": scrape_targets}]},
         ],
     }
+
+
+# What the project ships under monitoring/ (for users who run their own Prometheus/Alertmanager).
+SHIPPED_RUNNER_URL = "http://autoheal-runner.autoheal.svc:8080/webhook"
+SHIPPED_TOKEN_FILE = "/etc/alertmanager/secrets/autoheal-runner-token/token"  # noqa: S105 - a path
+
+
+def shipped_files() -> dict[str, dict[str, Any]]:
+    """monitoring/<file> -> content; tests/unit/test_monitoring.py fails if the files drift."""
+    return {
+        "xid.rules.yml": render_xid_rules(),
+        "alertmanager.yml": render_alertmanager_config(
+            SHIPPED_RUNNER_URL, SHIPPED_TOKEN_FILE, group_wait="0s", group_interval="5s"
+        ),
+        "prometheus.yml": render_prometheus_config(
+            ["xid.rules.yml"],
+            ["dcgm-exporter.gpu-monitoring.svc:9400"],
+            "alertmanager:9093",
+            interval="5s",
+        ),
+    }
+
+
+def render_shipped(out_dir: str) -> list[str]:
+    import pathlib
+
+    import yaml
+
+    d = pathlib.Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    header = "# Generated from autoheal/data/xid_catalog.yaml by `autoheal monitoring render`.\n"
+    written = []
+    for name, content in shipped_files().items():
+        (d / name).write_text(header + yaml.safe_dump(content, sort_keys=False))
+        written.append(str(d / name))
+    return written

@@ -2,8 +2,8 @@
 
 Both places must describe GPU pools to Slurm the same way (node names, GRES, partitions, which nodes
 are hot spares), so the text is produced here from plain data and nowhere else. Spares are declared
-DRAIN with a reason autoheal owns, so only a promotion (`state=resume`) puts work on them; capacity
-a pool may grow into later (backfilled replacements) is declared FUTURE so slurmctld needs no restart.
+DRAIN with a reason autoheal owns, so only a promotion (`state=resume`) puts work on them; capacity a
+pool may grow into later (backfilled replacements) is declared FUTURE so slurmctld needs no restart.
 """
 
 from __future__ import annotations
@@ -152,7 +152,6 @@ def render_gres_conf(spec: SlurmConfSpec) -> str:
         last = pool.gpus_per_node - 1
         for node in pool.node_names():
             lines.append(
-                f"NodeName={node} Name=gpu Type={pool.gpu_type} "
-                f"File={spec.gres_dev_dir}/nvidia[0-{last}]"
+                f"NodeName={node} Name=gpu Type={pool.gpu_type} File={spec.gres_dev_dir}/nvidia[0-{last}]"
             )
     return "\n".join(lines) + "\n"

@@ -129,8 +129,9 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
     if cfg.kube and kube_available():
         _step(progress, "kubernetes control plane (KWOK nodes)")
         start_kube(cfg)
-    progress("waiting for slurmd registration")
+    progress("waiting for slurmd registration and the alert pipeline")
     slurm.wait_nodes_registered(cfg, nodes)
+    prom.wait_pipeline(cfg)
 
 
 def start_simulator(cfg: LabConfig) -> None:
@@ -176,7 +177,10 @@ def start_kube(cfg: LabConfig) -> None:
             specs.append(kube.KubeNodeSpec(n, dict(base), [gpu_taint], pool.gpus_per_node))
         for n in sp.spare_nodes():
             labels = dict(base, **{"autoheal.io/spare": "true"})
-            taints = [gpu_taint, {"key": "autoheal.io/spare", "value": "true", "effect": "NoSchedule"}]
+            taints = [
+                gpu_taint,
+                {"key": "autoheal.io/spare", "value": "true", "effect": "NoSchedule"},
+            ]
             specs.append(kube.KubeNodeSpec(n, labels, taints, pool.gpus_per_node))
     kube.start_control_plane(cfg.run_dir, specs, cfg.port("kube"))
 
@@ -206,7 +210,10 @@ def status(cfg: LabConfig) -> LabStatus:
     st = LabStatus(cfg.name, up=bool(live))
     checks: list[tuple[str, Callable[[], str]]] = [
         ("munged", lambda: "socket ok"),
-        ("slurmctld", lambda: slurm.run(cfg, ["scontrol", "ping"], timeout=5).split(" is ")[-1].strip()),
+        (
+            "slurmctld",
+            lambda: slurm.run(cfg, ["scontrol", "ping"], timeout=5).split(" is ")[-1].strip(),
+        ),
         ("prometheus", lambda: _http(cfg.url("prometheus", "/-/ready"))),
         ("alertmanager", lambda: _http(cfg.url("alertmanager", "/-/ready"))),
         ("simulator", lambda: _http(cfg.url("simulator", "/healthz"))),

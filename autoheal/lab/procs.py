@@ -7,6 +7,7 @@ started in its own session so a stop reaches its children too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -67,7 +68,7 @@ def spawn(
     full_env.update(env or {})
     with log.open("ab") as out:
         try:
-            p = subprocess.Popen(  # noqa: S603 - argv is built by the lab, never from input
+            p = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -156,17 +157,13 @@ def stop_many(run_dir: Path, names: Sequence[str], timeout: float = 10.0) -> lis
 
 
 def _signal_group(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -204,9 +201,7 @@ def wait_until(
             pass
         if proc is not None and not is_alive(proc):
             _reap(proc.pid)
-            raise LabError(
-                f"{proc.name}: exited during start; see {proc.log}: {log_tail(proc.log)}"
-            )
+            raise LabError(f"{proc.name}: exited during start; see {proc.log}: {log_tail(proc.log)}")
         if time.monotonic() > deadline:
             where = f"; see {proc.log}: {log_tail(proc.log)}" if proc else ""
             raise LabError(f"{what}: not ready after {timeout:.0f}s{where}")

@@ -92,6 +92,16 @@ def start_alertmanager(cfg: LabConfig) -> None:
         ],
         cfg.run_dir,
     )
-    procs.wait_until(
-        lambda: _ready(cfg.url("alertmanager", "/-/ready")), 30, "alertmanager", proc
-    )
+    procs.wait_until(lambda: _ready(cfg.url("alertmanager", "/-/ready")), 30, "alertmanager", proc)
+
+
+def wait_pipeline(cfg: LabConfig, timeout: float = 30.0) -> None:
+    """Ready means alerts can flow: the simulator scraped and Alertmanager discovered."""
+
+    def ready() -> bool:
+        t = httpx.get(cfg.url("prometheus", "/api/v1/targets"), timeout=2).json()["data"]
+        scraped = any(x["health"] == "up" for x in t["activeTargets"])
+        am = httpx.get(cfg.url("prometheus", "/api/v1/alertmanagers"), timeout=2).json()["data"]
+        return scraped and bool(am["activeAlertmanagers"])
+
+    procs.wait_until(ready, timeout, "prometheus (scrape of the simulator, alertmanager discovery)")

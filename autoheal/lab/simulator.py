@@ -61,9 +61,7 @@ class Fleet(Collector):
 
     def clear(self, node: str, gpu: int | None) -> None:
         with self.lock:
-            self.xids = {
-                k: v for k, v in self.xids.items() if not (k[0] == node and gpu in (None, k[1]))
-            }
+            self.xids = {k: v for k, v in self.xids.items() if not (k[0] == node and gpu in (None, k[1]))}
             self._save()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -71,11 +69,15 @@ class Fleet(Collector):
             nodes = dict(self.nodes)
             xids = dict(self.xids)
         fams = {
-            "xid": GaugeMetricFamily("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=LABELS),
+            "xid": GaugeMetricFamily(
+                "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=LABELS
+            ),
             "util": GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", labels=LABELS),
             "temp": GaugeMetricFamily("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", labels=LABELS),
             "power": GaugeMetricFamily("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", labels=LABELS),
-            "fb": GaugeMetricFamily("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=LABELS),
+            "fb": GaugeMetricFamily(
+                "DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=LABELS
+            ),
         }
         for ni, (node, model) in enumerate(sorted(nodes.items())):
             for g in range(self.gpus_per_node):
@@ -94,7 +96,7 @@ class Fleet(Collector):
 
 def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
         def _reply(self, code: int, body: Any, ctype: str = "application/json") -> None:

@@ -33,7 +33,7 @@ class WebhookSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def do_POST(self) -> None:
@@ -67,9 +67,7 @@ class WebhookSink:
                         continue
                     for a in d.payload.get("alerts", []):
                         labels = a.get("labels", {})
-                        if a.get("status") == "firing" and all(
-                            labels.get(k) == v for k, v in match.items()
-                        ):
+                        if a.get("status") == "firing" and all(labels.get(k) == v for k, v in match.items()):
                             return d
                 left = deadline - time.monotonic()
                 if left <= 0:

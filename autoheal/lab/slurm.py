@@ -13,6 +13,7 @@ import stat
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from autoheal.errors import LabError
 from autoheal.lab import procs
@@ -31,9 +32,7 @@ REQUIRED = {
 def check_installed() -> None:
     for binary, pkg in REQUIRED.items():
         if shutil.which(binary) is None and not Path(f"/usr/sbin/{binary}").exists():
-            raise LabError(
-                f"{binary}: not installed (Debian package {pkg}); run scripts/bootstrap.sh"
-            )
+            raise LabError(f"{binary}: not installed (Debian package {pkg}); run scripts/bootstrap.sh")
 
 
 def _bin(name: str) -> str:
@@ -44,7 +43,7 @@ def run(cfg: LabConfig, argv: Sequence[str], timeout: float = 30.0) -> str:
     """Run a Slurm client command against this lab and return stdout; raise LabError on failure."""
     env = dict(os.environ, **cfg.slurm_env())
     try:
-        res = subprocess.run(  # noqa: S603
+        res = subprocess.run(
             list(argv), env=env, capture_output=True, text=True, timeout=timeout, check=False
         )
     except subprocess.TimeoutExpired as exc:
@@ -73,9 +72,7 @@ def start_munge(cfg: LabConfig) -> None:
     d.chmod(0o700)
     key = d / "munge.key"
     if not key.exists():
-        subprocess.run(  # noqa: S603
-            [_bin("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True
-        )
+        subprocess.run([_bin("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True)
     key.chmod(0o600)
     sock = d / "munge.socket"
     proc = procs.spawn(
@@ -105,9 +102,7 @@ def start_slurmctld(cfg: LabConfig) -> None:
         cfg.run_dir,
         env=cfg.slurm_env(),
     )
-    procs.wait_until(
-        lambda: "UP" in run(cfg, ["scontrol", "ping"], timeout=5), 30, "slurmctld", proc
-    )
+    procs.wait_until(lambda: "UP" in run(cfg, ["scontrol", "ping"], timeout=5), 30, "slurmctld", proc)
 
 
 def slurmd_name(node: str) -> str:
@@ -128,15 +123,18 @@ def start_slurmd(cfg: LabConfig, nodes: Sequence[str]) -> None:
         )
 
 
-def node_states(cfg: LabConfig) -> dict[str, dict[str, object]]:
+def node_states(cfg: LabConfig) -> dict[str, dict[str, Any]]:
     """Node name -> {state: [...flags], reason: str} from `sinfo --json` (22.05 parser)."""
     data = json.loads(run(cfg, ["sinfo", "--json"], timeout=10))
-    out: dict[str, dict[str, object]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for n in data.get("nodes", []):
         state = n.get("state")
         flags = n.get("state_flags") or []
         states = [state] if isinstance(state, str) else list(state or [])
-        out[n["name"]] = {"state": [s.upper() for s in states + list(flags)], "reason": n.get("reason", "")}
+        out[n["name"]] = {
+            "state": [s.upper() for s in states + list(flags)],
+            "reason": n.get("reason", ""),
+        }
     return out
 
 
@@ -147,7 +145,7 @@ def wait_nodes_registered(cfg: LabConfig, nodes: Sequence[str], timeout: float =
     def ready() -> bool:
         states = node_states(cfg)
         bad = {"NOT_RESPONDING", "UNKNOWN", "INVAL", "FUTURE"}
-        return all(n in states and not (set(states[n]["state"]) & bad) for n in want)  # type: ignore[arg-type]
+        return all(n in states and not (set(states[n]["state"]) & bad) for n in want)
 
     try:
         procs.wait_until(ready, timeout, "slurmd", interval=0.25)

@@ -1,0 +1,65 @@
+"""One lab for the whole session: started once, always torn down, in a temporary root."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from autoheal.lab import lab as labmod
+from autoheal.lab.config import LabConfig, PoolConfig
+from autoheal.lab.sink import WebhookSink
+
+PORT_BASE = 27000
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("labs")
+    cfg = LabConfig(
+        name="itest",
+        root=root,
+        port_base=PORT_BASE,
+        pools=[PoolConfig(size=4, spares=2, headroom=2)],
+        webhook_url=f"http://127.0.0.1:{PORT_BASE + 6}/webhook",
+        kube=False,
+        grace_seconds=30,
+    )
+    try:
+        labmod.up(cfg)
+        yield cfg
+    finally:
+        labmod.down(cfg)
+
+
+@pytest.fixture(scope="session")
+def sink(lab):
+    token = (lab.run_dir / "runner.token").read_text().strip()
+    s = WebhookSink(lab.port("sink"), token).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def slurm(lab):
+    env = dict(os.environ, **lab.slurm_env())
+
+    def run(*argv: str, check: bool = True) -> str:
+        res = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=30)
+        if check and res.returncode != 0:
+            raise AssertionError(f"{argv}: {res.stderr}")
+        return res.stdout
+
+    return run
+
+
+def wait_for(pred, timeout, what, interval=0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -1,0 +1,77 @@
+"""Lab up/down behave: no second copy, no-op down, clean failure with nothing left behind."""
+
+import socket
+
+import pytest
+
+from autoheal.errors import LabError
+from autoheal.lab import lab as labmod
+from autoheal.lab import procs
+from autoheal.lab.config import LabConfig, PoolConfig
+
+pytestmark = pytest.mark.lab
+
+
+def small(tmp_path, name, port_base):
+    return LabConfig(
+        name=name,
+        root=tmp_path,
+        port_base=port_base,
+        pools=[PoolConfig(size=1, spares=0, headroom=0)],
+        kube=False,
+    )
+
+
+def test_up_twice_starts_no_second_copy_and_down_leaves_nothing(tmp_path):
+    cfg = small(tmp_path, "twice", 27300)
+    try:
+        labmod.up(cfg)
+        first = {n: p.pid for n, p in procs.running(cfg.run_dir).items()}
+        assert set(first) >= {
+            "munged",
+            "slurmctld",
+            "slurmd-gpu-1",
+            "prometheus",
+            "alertmanager",
+            "simulator",
+        }
+        assert labmod.status(cfg).healthy
+        labmod.up(cfg)
+        assert {n: p.pid for n, p in procs.running(cfg.run_dir).items()} == first
+    finally:
+        labmod.down(cfg)
+    assert procs.running(cfg.run_dir) == {}
+    for pid in first.values():
+        assert not _pid_alive(pid)
+
+
+def _pid_alive(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_down_on_nothing_is_a_noop(tmp_path):
+    assert labmod.down(small(tmp_path, "never", 27350)) == []
+
+
+def test_port_in_use_fails_clearly_and_tears_down_what_started(tmp_path):
+    cfg = small(tmp_path, "busy", 27400)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", cfg.port("prometheus")))
+    blocker.listen()
+    try:
+        with pytest.raises(LabError, match=r"prometheus: port 27401 is in use"):
+            labmod.up(cfg)
+        assert procs.running(cfg.run_dir) == {}
+    finally:
+        blocker.close()
+
+
+def test_daemon_dying_at_start_names_service_and_log(tmp_path, monkeypatch):
+    cfg = small(tmp_path, "dies", 27450)
+    monkeypatch.setattr("autoheal.lab.prom.ALERTMANAGER", "false")  # exits 1 at once
+    with pytest.raises(LabError, match=r"alertmanager: exited during start; see .*alertmanager\.log"):
+        labmod.up(cfg)
+    assert procs.running(cfg.run_dir) == {}

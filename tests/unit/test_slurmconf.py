@@ -1,0 +1,51 @@
+from autoheal.slurmconf import (
+    SPARE_REASON,
+    SlurmConfSpec,
+    SlurmPool,
+    render_gres_conf,
+    render_slurm_conf,
+)
+
+
+def spec(port_base=None):
+    pools = [
+        SlurmPool("h100", "gpu", size=2, spares=1, headroom=1),
+        SlurmPool("a100", "agpu", size=1, gpus_per_node=4, gpu_type="a100"),
+    ]
+    return SlurmConfSpec("c", "ctl", 6817, pools, "/s", "/sp", "/l", "/r", slurmd_port_base=port_base)
+
+
+def node_line(conf, node):
+    return next(line for line in conf.splitlines() if line.startswith(f"NodeName={node} "))
+
+
+def test_pool_nodes_are_active_then_spares_then_future():
+    p = SlurmPool("h100", "gpu", size=2, spares=1, headroom=1)
+    assert (p.active_nodes(), p.spare_nodes(), p.future_nodes()) == (
+        ["gpu-1", "gpu-2"],
+        ["gpu-3"],
+        ["gpu-4"],
+    )
+
+
+def test_spares_are_drained_with_our_reason_and_headroom_is_future():
+    conf = render_slurm_conf(spec())
+    assert f'State=DRAIN Reason="{SPARE_REASON}"' in node_line(conf, "gpu-3")
+    assert "State=FUTURE" in node_line(conf, "gpu-4")
+    assert "State=" not in node_line(conf, "gpu-1")
+
+
+def test_gres_and_partition_per_pool():
+    conf = render_slurm_conf(spec())
+    assert "Gres=gpu:a100:4" in node_line(conf, "agpu-1")
+    assert "PartitionName=a100 Nodes=agpu-1 " in conf
+    assert "PartitionName=h100 Nodes=gpu-1,gpu-2,gpu-3,gpu-4 " in conf
+    gres = render_gres_conf(spec())
+    assert "NodeName=agpu-1 Name=gpu Type=a100 File=/dev/nvidia[0-3]" in gres
+
+
+def test_lab_gets_one_port_per_node_kubernetes_gets_one_slurmd_port():
+    lab = render_slurm_conf(spec(port_base=9000))
+    assert "Port=9001" in node_line(lab, "gpu-2") and "SlurmdPort" not in lab
+    k8s = render_slurm_conf(spec())
+    assert "SlurmdPort=6818" in k8s and "Port=" not in node_line(k8s, "gpu-2")

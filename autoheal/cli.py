@@ -57,6 +57,9 @@ def lab_up(
     ] = None,
     kube: Annotated[bool, typer.Option(help="Start the Kubernetes control plane if built.")] = True,
     grace: Annotated[int, typer.Option(help="Job grace period in seconds (Slurm KillWait).")] = 120,
+    provision_delay: Annotated[
+        float, typer.Option(help="Seconds the pool controller takes to bring a replacement.")
+    ] = 5.0,
 ) -> None:
     """Start the lab (idempotent: a running lab is left as it is)."""
     kw: dict[str, object] = {}
@@ -69,6 +72,7 @@ def lab_up(
         webhook_url=webhook_url,
         kube=kube,
         grace_seconds=grace,
+        provision_delay=provision_delay,
         **kw,  # type: ignore[arg-type]
     )
     cfg = labmod.up(cfg, _progress)
@@ -154,6 +158,49 @@ def lab_demo(
     from autoheal.lab.demo import run_demo
 
     run_demo(name, root, keep, console, out)
+
+
+pool_app = typer.Typer(help="The lab's node-pool controller (plays the cloud).", no_args_is_help=True)
+lab_app.add_typer(pool_app, name="pool")
+
+
+@pool_app.command("status")
+def pool_status(name: NameOpt = "default", root: RootOpt = None, json_: JsonOpt = False) -> None:
+    """Declared vs actual members of each pool, pending replacements, retired nodes."""
+    from autoheal.lab import pool
+
+    st = pool.client_status(labmod.require(name, root))
+    if json_:
+        out.print_json(json.dumps(st))
+        return
+    t = Table(title="node pools")
+    for col in ("pool", "declared", "members", "pending", "headroom left"):
+        t.add_column(col)
+    for pname, p in st["pools"].items():
+        t.add_row(
+            pname, str(p["declared"]), " ".join(p["members"]), " ".join(p["pending"]), str(p["headroom_left"])
+        )
+    out.print(t)
+    if st["retired"]:
+        out.print(f"retired: {' '.join(st['retired'])}")
+
+
+@pool_app.command("retire")
+def pool_retire(
+    node: Annotated[str, typer.Option(help="The node to terminate.")],
+    name: NameOpt = "default",
+    root: RootOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Terminate a node the way a cloud autoscaling group would; the pool backfills it."""
+    from autoheal.lab import pool
+    from autoheal.names import validate_node_name
+
+    res = pool.client_retire(labmod.require(name, root), validate_node_name(node, "--node"))
+    if json_:
+        out.print_json(json.dumps(res))
+    else:
+        console.print(f"{node}: {'retired' if res['changed'] else 'already retired'}")
 
 
 def _register_runner() -> None:

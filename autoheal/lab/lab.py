@@ -8,6 +8,7 @@ copy; `down` on nothing is a no-op.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from autoheal.errors import LabError
-from autoheal.lab import procs, prom, slurm
+from autoheal.lab import pool, procs, prom, slurm
 from autoheal.lab.config import LabConfig, load_lab
 
 Progress = Callable[[str], None]
@@ -58,12 +59,21 @@ def hardware_nodes(cfg: LabConfig) -> list[str]:
     return [n for p in cfg.slurm_pools() for n in p.active_nodes() + p.spare_nodes()]
 
 
+def current_nodes(cfg: LabConfig) -> list[str]:
+    """Nodes that exist now: the pool controller's members once it has run, else the hardware."""
+    state = cfg.run_dir / "pool" / "state.json"
+    if state.exists():
+        members = json.loads(state.read_text())["members"]
+        return [n for names in members.values() for n in names]
+    return hardware_nodes(cfg)
+
+
 def node_models(cfg: LabConfig) -> dict[str, str]:
     out: dict[str, str] = {}
-    for pool in cfg.pools:
-        sp = pool.slurm()
+    for p in cfg.pools:
+        sp = p.slurm()
         for n in sp.active_nodes() + sp.spare_nodes():
-            out[n] = pool.gpu_model
+            out[n] = p.gpu_model
     return out
 
 
@@ -93,6 +103,13 @@ def up(cfg: LabConfig, progress: Progress = _quiet) -> LabConfig:
         )
     slurm.check_installed()
     prom.check_installed()
+    # a lab always starts fresh: no Slurm, pool or simulator state from an earlier run
+    for stale in ("slurm", "pool", "monitoring", "simulator.json", "pids"):
+        path = cfg.run_dir / stale
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save()
     t0 = time.monotonic()
@@ -132,6 +149,8 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
     progress("waiting for slurmd registration and the alert pipeline")
     slurm.wait_nodes_registered(cfg, nodes)
     prom.wait_pipeline(cfg)
+    _step(progress, "node-pool controller")
+    pool.start(cfg)
 
 
 def start_simulator(cfg: LabConfig) -> None:
@@ -164,24 +183,16 @@ def start_kube(cfg: LabConfig) -> None:
     from autoheal.lab import kube
 
     specs = []
-    for pool in cfg.pools:
-        sp = pool.slurm()
-        base = {
-            "autoheal.io/pool": pool.name,
-            "autoheal.io/gpu-model": pool.gpu_type,
-            "nvidia.com/gpu.product": pool.gpu_model.replace(" ", "-"),
-            "node-role.kubernetes.io/gpu": "",
-        }
-        gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    for p in cfg.pools:
+        sp = p.slurm()
         for n in sp.active_nodes():
-            specs.append(kube.KubeNodeSpec(n, dict(base), [gpu_taint], pool.gpus_per_node))
+            specs.append(
+                kube.KubeNodeSpec(n, pool.node_labels(p, False), pool.node_taints(False), p.gpus_per_node)
+            )
         for n in sp.spare_nodes():
-            labels = dict(base, **{"autoheal.io/spare": "true"})
-            taints = [
-                gpu_taint,
-                {"key": "autoheal.io/spare", "value": "true", "effect": "NoSchedule"},
-            ]
-            specs.append(kube.KubeNodeSpec(n, labels, taints, pool.gpus_per_node))
+            specs.append(
+                kube.KubeNodeSpec(n, pool.node_labels(p, True), pool.node_taints(True), p.gpus_per_node)
+            )
     kube.start_control_plane(cfg.run_dir, specs, cfg.port("kube"))
 
 
@@ -217,6 +228,7 @@ def status(cfg: LabConfig) -> LabStatus:
         ("prometheus", lambda: _http(cfg.url("prometheus", "/-/ready"))),
         ("alertmanager", lambda: _http(cfg.url("alertmanager", "/-/ready"))),
         ("simulator", lambda: _http(cfg.url("simulator", "/healthz"))),
+        ("pool-controller", lambda: _http(cfg.url("pool_controller", "/healthz"))),
     ]
     for name, check in checks:
         if name not in live:
@@ -227,7 +239,7 @@ def status(cfg: LabConfig) -> LabStatus:
         except Exception as exc:
             st.services.append(ServiceStatus(name, False, str(exc)[:120]))
     slurmds = [n for n in live if n.startswith("slurmd-")]
-    want = [f"slurmd-{n}" for n in hardware_nodes(cfg)]
+    want = [f"slurmd-{n}" for n in current_nodes(cfg)]
     missing = [n for n in want if n not in live]
     st.services.append(
         ServiceStatus(

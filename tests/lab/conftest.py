@@ -26,6 +26,7 @@ def lab(tmp_path_factory):
         webhook_url=f"http://127.0.0.1:{PORT_BASE + 6}/webhook",
         kube=False,
         grace_seconds=30,
+        provision_delay=1,
     )
     try:
         labmod.up(cfg)

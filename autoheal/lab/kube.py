@@ -1,0 +1,774 @@
+"""A real Kubernetes control plane with KWOK-simulated GPU nodes, for the lab and its tests.
+
+Why: autoheal remediates through the Kubernetes API (cordon, evict under PodDisruptionBudgets,
+reschedule onto GPU capacity). A mock would not show how the real API server, scheduler and
+controllers answer, so the lab runs the real ones, built from source by scripts/build-tools.sh.
+KWOK plays the kubelets: a simulated node costs a few kilobytes, so a 2,000-node GPU cluster fits
+on a laptop-sized machine.
+
+The five processes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) are
+started directly rather than through ``kwokctl``, so that each has a PID file
+(``run_dir/pids/<service>.pid``), a log (``run_dir/logs/<service>.log``), a health check, and a
+loopback port derived from ``port_base`` (two labs on one machine don't collide).
+``stop_control_plane`` cleans up by PID from those files, also after a failed or interrupted
+start, and only signals a PID whose command line is still the one it started.
+
+PKI (a CA, the API server's serving certificate, an admin client certificate and the
+service-account signing key) is generated per run with ``cryptography``; ``run_dir/kubeconfig``
+authenticates as ``system:masters``. Each start begins from an empty etcd.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+SERVICES: tuple[str, ...] = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+)
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_ANNOTATION_VALUE = "fake"
+GPU_RESOURCE = "nvidia.com/gpu"
+STAGES_DIR = Path(__file__).with_name("kwok-stages")
+SERVICE_CIDR = "10.96.0.0/12"
+_STOP_GRACE_S = 10.0
+
+# Popen objects of the processes this interpreter started, by PID, so exits are reaped (a
+# zombie would otherwise look alive) and exit codes can be reported.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class ToolMissingError(RuntimeError):
+    """A binary that scripts/build-tools.sh builds is not in the tool cache."""
+
+
+class ControlPlaneError(RuntimeError):
+    """A control-plane service failed to start or become healthy."""
+
+    def __init__(self, service: str, cause: str, log: Path | None) -> None:
+        self.service = service
+        self.cause = cause
+        self.log = log
+        msg = f"{service}: {cause}"
+        if log is not None:
+            msg += f" (log: {log})"
+            tail = _tail(log, 15)
+            if tail:
+                msg += "\n--- last lines of the log ---\n" + tail
+        super().__init__(msg)
+
+
+@dataclass(frozen=True)
+class KubeNodeSpec:
+    """One KWOK-managed node: its name, labels, taints and capacity."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: list[dict[str, str]] = field(default_factory=list)  # {"key","value","effect"}
+    gpus: int = 8
+    cpu: str = "192"
+    memory: str = "2048Gi"
+    pods: int = 110
+
+
+@dataclass(frozen=True)
+class KubeHandle:
+    """What a running control plane is: where to reach it and which processes it is."""
+
+    kubeconfig: Path
+    api_url: str
+    pids: dict[str, int]
+    run_dir: Path
+    port_base: int
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Loopback ports of one control plane, all derived from one base port."""
+
+    etcd: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+    @classmethod
+    def from_base(cls, base: int) -> Ports:
+        if not 1024 <= base <= 65535 - 8:
+            raise ValueError(f"port_base {base} is outside 1024..65527")
+        return cls(base, base + 1, base + 2, base + 3, base + 4, base + 5)
+
+
+# --- binaries -------------------------------------------------------------------------------
+
+
+def tool_bin_dir() -> Path:
+    """The stable bin/ directory of scripts/build-tools.sh (symlinks to pinned versions)."""
+    explicit = os.environ.get("AUTOHEAL_TOOLS_BIN")
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("AUTOHEAL_CACHE") or str(Path.home() / ".cache" / "autoheal")
+    return Path(cache) / "bin"
+
+
+def tool_path(name: str) -> Path:
+    """Path of a built tool such as ``kube-apiserver``; raises ToolMissingError if absent."""
+    path = tool_bin_dir() / name
+    if not (path.exists() and os.access(path, os.X_OK)):
+        raise ToolMissingError(
+            f"{name} is not built: {path} is missing. Run scripts/build-tools.sh "
+            "(first build: 30-45 min; later runs reuse the cache)."
+        )
+    return path
+
+
+# --- PKI ------------------------------------------------------------------------------------
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _cert(
+    subject: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: x509.Name,
+    issuer_key: ec.EllipticCurvePrivateKey,
+    *,
+    ca: bool = False,
+    sans: Sequence[x509.GeneralName] = (),
+    client: bool = False,
+) -> x509.Certificate:
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+    else:
+        usage = (
+            x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH if client else (x509.oid.ExtendedKeyUsageOID.SERVER_AUTH)
+        )
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _name(cn: str, org: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+    if org:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+    return x509.Name(attrs)
+
+
+def generate_pki(pki: Path) -> None:
+    """Write ca, apiserver (serving), admin (client, system:masters) and sa key pairs."""
+    pki.mkdir(parents=True, exist_ok=True)
+    ca_key = _key()
+    ca_name = _name("autoheal-lab-ca")
+    ca = _cert(ca_name, ca_key, ca_name, ca_key, ca=True)
+    service_ip = next(iter(ipaddress.IPv4Network(SERVICE_CIDR).hosts()))
+    sans: list[x509.GeneralName] = [
+        x509.DNSName("localhost"),
+        x509.DNSName("kubernetes"),
+        x509.DNSName("kubernetes.default"),
+        x509.DNSName("kubernetes.default.svc"),
+        x509.DNSName("kubernetes.default.svc.cluster.local"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(service_ip),
+    ]
+    api_key = _key()
+    api = _cert(_name("kube-apiserver"), api_key, ca_name, ca_key, sans=sans)
+    admin_key = _key()
+    admin = _cert(_name("autoheal-admin", "system:masters"), admin_key, ca_name, ca_key, client=True)
+    for stem, cert, key in (("ca", ca, ca_key), ("apiserver", api, api_key), ("admin", admin, admin_key)):
+        (pki / f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(pki / f"{stem}.key", key)
+    sa_key = _key()
+    _write_key(pki / "sa.key", sa_key)
+    (pki / "sa.pub").write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+
+
+def _write_kubeconfig(path: Path, pki: Path, api_url: str) -> None:
+    import base64
+
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "autoheal-lab",
+                "cluster": {"server": api_url, "certificate-authority-data": b64(pki / "ca.crt")},
+            }
+        ],
+        "users": [
+            {
+                "name": "autoheal-admin",
+                "user": {
+                    "client-certificate-data": b64(pki / "admin.crt"),
+                    "client-key-data": b64(pki / "admin.key"),
+                },
+            }
+        ],
+        "contexts": [
+            {"name": "autoheal-lab", "context": {"cluster": "autoheal-lab", "user": "autoheal-admin"}}
+        ],
+        "current-context": "autoheal-lab",
+    }
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    path.chmod(0o600)
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            data = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _pid_file(run_dir: Path, service: str) -> Path:
+    return run_dir / "pids" / f"{service}.pid"
+
+
+def _log_file(run_dir: Path, service: str) -> Path:
+    return run_dir / "logs" / f"{service}.log"
+
+
+def _spawn(run_dir: Path, service: str, argv: list[str]) -> int:
+    log = _log_file(run_dir, service)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    _pid_file(run_dir, service).parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        out.write(f"\n=== {time.strftime('%H:%M:%S')} {' '.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=run_dir,
+            start_new_session=True,
+        )
+    _CHILDREN[proc.pid] = proc
+    # argv[0] is kept so that stop() signals this PID only while it still runs that command.
+    _pid_file(run_dir, service).write_text(json.dumps({"pid": proc.pid, "argv0": argv[0]}))
+    return proc.pid
+
+
+def _read_pid(run_dir: Path, service: str) -> tuple[int, str] | None:
+    try:
+        data = json.loads(_pid_file(run_dir, service).read_text())
+        return int(data["pid"]), str(data["argv0"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _exit_code(pid: int) -> int | None:
+    proc = _CHILDREN.get(pid)
+    return proc.poll() if proc is not None else None
+
+
+def _alive(pid: int, argv0: str | None = None) -> bool:
+    """True while PID runs (not a zombie) and, if given, still has argv0 as its command."""
+    proc = _CHILDREN.get(pid)
+    if proc is not None and proc.poll() is not None:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+        if argv0 is not None:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            return cmd == argv0
+    except (OSError, IndexError):
+        return False
+    return True
+
+
+def stop_control_plane(run_dir: Path) -> None:
+    """Stop every service of the control plane in run_dir by its PID file; no-op if none."""
+    run_dir = Path(run_dir)
+    running: list[tuple[str, int]] = []
+    for service in reversed(SERVICES):
+        entry = _read_pid(run_dir, service)
+        if entry is None:
+            continue
+        pid, argv0 = entry
+        if _alive(pid, argv0):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            running.append((service, pid))
+        else:
+            _pid_file(run_dir, service).unlink(missing_ok=True)
+    deadline = time.monotonic() + _STOP_GRACE_S
+    while running and time.monotonic() < deadline:
+        running = [(s, p) for s, p in running if _alive(p)]
+        if running:
+            time.sleep(0.05)
+    for _, pid in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for service, pid in running:
+        while _alive(pid):
+            time.sleep(0.02)
+        del service
+    for service in SERVICES:
+        entry = _read_pid(run_dir, service)
+        if entry is not None:
+            _CHILDREN.pop(entry[0], None)
+        _pid_file(run_dir, service).unlink(missing_ok=True)
+
+
+# --- health ---------------------------------------------------------------------------------
+
+
+def _insecure_ctx() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # self-signed serving certs of KCM/scheduler on loopback
+    return ctx
+
+
+def _api_ctx(pki: Path) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    return ctx
+
+
+def _health_checks(run_dir: Path, ports: Ports) -> dict[str, Callable[[], None]]:
+    pki = run_dir / "pki"
+
+    def get(url: str, verify: ssl.SSLContext | bool) -> Callable[[], None]:
+        def check() -> None:
+            r = httpx.get(url, verify=verify, timeout=2.0)
+            if r.status_code != 200:
+                raise RuntimeError(f"{url} answered {r.status_code}: {r.text[:200]}")
+
+        return check
+
+    def api_check() -> None:
+        get(f"https://127.0.0.1:{ports.apiserver}/readyz", _api_ctx(pki))()
+
+    return {
+        "etcd": get(f"http://127.0.0.1:{ports.etcd}/health", False),
+        "kube-apiserver": api_check,
+        "kube-controller-manager": get(
+            f"https://127.0.0.1:{ports.controller_manager}/healthz", _insecure_ctx()
+        ),
+        "kube-scheduler": get(f"https://127.0.0.1:{ports.scheduler}/healthz", _insecure_ctx()),
+        "kwok": get(f"http://127.0.0.1:{ports.kwok}/healthz", False),
+    }
+
+
+def _wait_healthy(run_dir: Path, service: str, pid: int, check: Callable[[], None], deadline: float) -> None:
+    last = "no answer yet"
+    while True:
+        if not _alive(pid):
+            code = _exit_code(pid)
+            raise ControlPlaneError(
+                service, f"exited with code {code} while starting", _log_file(run_dir, service)
+            )
+        try:
+            check()
+            return
+        except Exception as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(
+                service, f"not healthy before the timeout ({last})", _log_file(run_dir, service)
+            )
+        time.sleep(0.1)
+
+
+def control_plane_status(run_dir: Path) -> dict[str, bool]:
+    """Service -> healthy (its process runs and its health endpoint answers 200)."""
+    run_dir = Path(run_dir)
+    try:
+        meta = json.loads((run_dir / "cluster.json").read_text())
+        ports = Ports.from_base(int(meta["port_base"]))
+    except (OSError, ValueError, KeyError):
+        return dict.fromkeys(SERVICES, False)
+    checks = _health_checks(run_dir, ports)
+    status: dict[str, bool] = {}
+    for service in SERVICES:
+        entry = _read_pid(run_dir, service)
+        ok = entry is not None and _alive(*entry)
+        if ok:
+            try:
+                checks[service]()
+            except Exception:
+                ok = False
+        status[service] = ok
+    return status
+
+
+# --- start ----------------------------------------------------------------------------------
+
+
+def _argv(run_dir: Path, ports: Ports) -> dict[str, list[str]]:
+    pki = run_dir / "pki"
+    kubeconfig = str(run_dir / "kubeconfig")
+    etcd_url = f"http://127.0.0.1:{ports.etcd}"
+    peer_url = f"http://127.0.0.1:{ports.etcd_peer}"
+    delegated = [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+    ]
+    return {
+        "etcd": [
+            str(tool_path("etcd")),
+            "--name=lab",
+            f"--data-dir={run_dir / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=lab={peer_url}",
+            "--initial-cluster-state=new",
+            "--unsafe-no-fsync=true",  # a throwaway lab store: durability buys nothing
+            "--quota-backend-bytes=4294967296",
+            "--log-level=warn",
+        ],
+        "kube-apiserver": [
+            str(tool_path("kube-apiserver")),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={ports.apiserver}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
+            # KWOK pods run nothing, so they need no mounted token; without this, a pod created
+            # right after its namespace races the controller that creates the default account.
+            "--disable-admission-plugins=ServiceAccount",
+            "--max-requests-inflight=1000",
+            "--max-mutating-requests-inflight=500",
+            "--profiling=false",
+            "--v=1",
+        ],
+        "kube-controller-manager": [
+            str(tool_path("kube-controller-manager")),
+            *delegated,
+            f"--secure-port={ports.controller_manager}",
+            f"--cert-dir={run_dir / 'kcm'}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--use-service-account-credentials=false",
+            "--kube-api-qps=500",
+            "--kube-api-burst=1000",
+            "--profiling=false",
+            "--v=1",
+        ],
+        "kube-scheduler": [
+            str(tool_path("kube-scheduler")),
+            *delegated,
+            f"--secure-port={ports.scheduler}",
+            f"--cert-dir={run_dir / 'scheduler'}",
+            "--profiling=false",
+            "--v=1",
+        ],
+        "kwok": [
+            str(tool_path("kwok")),
+            f"--kubeconfig={kubeconfig}",
+            f"--config={run_dir / 'kwok.yaml'}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
+            "--node-lease-duration-seconds=40",
+            "--node-ip=127.0.0.1",
+            f"--server-address=127.0.0.1:{ports.kwok}",
+            "--cidr=10.244.0.0/16",
+        ],
+    }
+
+
+def _write_kwok_config(run_dir: Path) -> None:
+    docs = [p.read_text().strip() for p in sorted(STAGES_DIR.glob("*.yaml"))]
+    if not docs:
+        raise ToolMissingError(f"no KWOK stage configs in {STAGES_DIR}")
+    (run_dir / "kwok.yaml").write_text("\n---\n".join(docs) + "\n")
+
+
+def start_control_plane(
+    run_dir: Path,
+    nodes: Sequence[KubeNodeSpec],
+    port_base: int,
+    timeout: float = 120.0,
+) -> KubeHandle:
+    """Start etcd, the API server, controller manager, scheduler and KWOK; add ``nodes``.
+
+    Returns once every service is healthy and every node is Ready. On any failure (or
+    interrupt) everything started here is stopped again before the error propagates.
+    """
+    run_dir = Path(run_dir).resolve()
+    ports = Ports.from_base(port_base)
+    argv_needs_tools = [
+        tool_path(t) for t in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+    ]
+    del argv_needs_tools
+    stop_control_plane(run_dir)  # leftovers of an earlier run in the same dir
+    deadline = time.monotonic() + timeout
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("etcd", "kcm", "scheduler"):
+        shutil.rmtree(run_dir / stale, ignore_errors=True)
+    for sub in ("pki", "logs", "pids"):
+        (run_dir / sub).mkdir(exist_ok=True)
+    api_url = f"https://127.0.0.1:{ports.apiserver}"
+    (run_dir / "cluster.json").write_text(json.dumps({"port_base": port_base, "api_url": api_url}))
+    try:
+        generate_pki(run_dir / "pki")
+        _write_kubeconfig(run_dir / "kubeconfig", run_dir / "pki", api_url)
+        _write_kwok_config(run_dir)
+        argv = _argv(run_dir, ports)
+        checks = _health_checks(run_dir, ports)
+        pids: dict[str, int] = {}
+        for service in ("etcd", "kube-apiserver"):
+            pids[service] = _spawn(run_dir, service, argv[service])
+            _wait_healthy(run_dir, service, pids[service], checks[service], deadline)
+        rest = ("kube-controller-manager", "kube-scheduler", "kwok")
+        for service in rest:
+            pids[service] = _spawn(run_dir, service, argv[service])
+        for service in rest:
+            _wait_healthy(run_dir, service, pids[service], checks[service], deadline)
+        handle = KubeHandle(
+            kubeconfig=run_dir / "kubeconfig",
+            api_url=api_url,
+            pids=pids,
+            run_dir=run_dir,
+            port_base=port_base,
+        )
+        if nodes:
+            add_nodes(handle, nodes, timeout=max(1.0, deadline - time.monotonic()))
+        return handle
+    except BaseException:
+        stop_control_plane(run_dir)
+        raise
+
+
+# --- nodes ----------------------------------------------------------------------------------
+
+
+def api_client(kubeconfig: Path, pool: int = 32) -> Any:
+    """A ``kubernetes.client.ApiClient`` for the lab's kubeconfig (connection pool ``pool``)."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig), client_configuration=cfg, persist_config=False
+    )
+    cfg.connection_pool_maxsize = pool
+    return client.ApiClient(cfg)
+
+
+def node_manifest(spec: KubeNodeSpec) -> dict[str, Any]:
+    """The Node object for a spec: labels, taints, GPU capacity and the KWOK annotation."""
+    capacity = {
+        "cpu": spec.cpu,
+        "memory": spec.memory,
+        "pods": str(spec.pods),
+        "ephemeral-storage": "7Ti",
+        GPU_RESOURCE: str(spec.gpus),
+    }
+    labels = {
+        "kubernetes.io/hostname": spec.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+        **spec.labels,
+    }
+    taints = []
+    for t in spec.taints:
+        taint = {"key": t["key"], "effect": t.get("effect", "NoSchedule")}
+        if t.get("value"):
+            taint["value"] = t["value"]
+        taints.append(taint)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": spec.name,
+            "labels": labels,
+            "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE, "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {"taints": taints} if taints else {},
+        "status": {
+            "capacity": capacity,
+            "allocatable": dict(capacity),
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "fake",
+                "kubeProxyVersion": "fake",
+            },
+        },
+    }
+
+
+def _kubeconfig_of(target: KubeHandle | Path) -> Path:
+    return target.kubeconfig if isinstance(target, KubeHandle) else Path(target)
+
+
+def create_nodes(api: Any, nodes: Sequence[KubeNodeSpec], workers: int = 16) -> None:
+    """Create KWOK nodes concurrently through ``api`` (an ApiClient); existing ones are kept."""
+    from kubernetes.client import CoreV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    core: Any = CoreV1Api(api)  # Any: bodies are plain dicts, replies raw JSON
+
+    def create(spec: KubeNodeSpec) -> None:
+        try:
+            core.create_node(node_manifest(spec), _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(create, nodes))
+
+
+def add_nodes(
+    target: KubeHandle | Path,
+    nodes: Sequence[KubeNodeSpec],
+    timeout: float = 120.0,
+    workers: int = 16,
+) -> None:
+    """Create KWOK nodes concurrently (existing ones are kept) and wait until all are Ready."""
+    kubeconfig = _kubeconfig_of(target)
+    deadline = time.monotonic() + timeout
+    with api_client(kubeconfig, pool=workers * 2) as api:
+        create_nodes(api, nodes, workers)
+        wait_nodes_ready(
+            kubeconfig, [n.name for n in nodes], timeout=max(1.0, deadline - time.monotonic()), api=api
+        )
+
+
+def _ready_names(api: Any) -> set[str]:
+    from kubernetes.client import CoreV1Api
+
+    core: Any = CoreV1Api(api)
+    resp = core.list_node(_preload_content=False)
+    data = json.loads(resp.data)
+    ready: set[str] = set()
+    for item in data.get("items", []):
+        for cond in item.get("status", {}).get("conditions") or []:
+            if cond.get("type") == "Ready" and cond.get("status") == "True":
+                ready.add(item["metadata"]["name"])
+    return ready
+
+
+def wait_nodes_ready(kubeconfig: Path, names: Sequence[str], timeout: float = 120.0, api: Any = None) -> None:
+    """Wait until every named node reports Ready; ControlPlaneError naming kwok if not."""
+    own = api is None
+    client = api_client(kubeconfig) if own else api
+    try:
+        want = set(names)
+        deadline = time.monotonic() + timeout
+        while True:
+            missing = want - _ready_names(client)
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                sample = ", ".join(sorted(missing)[:5])
+                log = _log_file(Path(kubeconfig).parent, "kwok")
+                raise ControlPlaneError(
+                    "kwok",
+                    f"{len(missing)} of {len(want)} nodes not Ready after {timeout:.0f}s (e.g. {sample})",
+                    log if log.exists() else None,
+                )
+            time.sleep(0.25 if len(want) < 100 else 1.0)
+    finally:
+        if own:
+            client.close()
+
+
+def delete_node(target: KubeHandle | Path, name: str) -> None:
+    """Delete a node (no error if it is already gone)."""
+    from kubernetes.client import CoreV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    with api_client(_kubeconfig_of(target), pool=2) as api:
+        try:
+            CoreV1Api(api).delete_node(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise

@@ -34,7 +34,7 @@ want=$(sha256sum pyproject.toml | cut -c1-16)
 if [[ "$(cat "$STAMPS/venv" 2>/dev/null)" != "$want" ]]; then
   say "installing Python dependencies (first time: a few minutes)"
   "$VENV/bin/pip" install -q --upgrade pip >/dev/null
-  "$VENV/bin/pip" install -q -e ".[dev,pulumi]"
+  "$VENV/bin/pip" install -q -e ".[dev,pulumi,demo]"
   echo "$want" >"$STAMPS/venv"
 fi
 

@@ -45,9 +45,8 @@ def sink(lab):
 
 @pytest.fixture
 def slurm(lab):
-    env = dict(os.environ, **lab.slurm_env())
-
     def run(*argv: str, check: bool = True) -> str:
+        env = dict(os.environ, **lab.slurm_env())  # read at call time: tests may set variables
         res = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=30)
         if check and res.returncode != 0:
             raise AssertionError(f"{argv}: {res.stderr}")

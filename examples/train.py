@@ -1,0 +1,126 @@
+"""A small, checkpointing PyTorch training job: the ML researcher's side of the autoheal demo.
+
+One rank per allocated node (srun), synchronised with torch.distributed over gloo, so it runs on
+CPUs. It checkpoints every --ckpt-every steps and on SIGTERM (the grace period autoheal gives before
+requeueing), and on start resumes from the newest valid checkpoint, logging the step it resumed
+from. All ranks agree on stopping through an all-reduce, so a SIGTERM never leaves a rank waiting in
+a collective. Progress goes to <ckpt-dir>/progress.jsonl for the demo's step-counter chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import checkpoint
+
+log = logging.getLogger("train")
+STOP = False
+
+
+def _on_term(signum: int, frame: FrameType | None) -> None:
+    global STOP
+    STOP = True
+
+
+def model_and_data(seed: int = 0) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(512, 32, generator=g)
+    true_w = torch.randn(32, 1, generator=g)
+    y = x @ true_w + 0.01 * torch.randn(512, 1, generator=g)
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    return model, x, y
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ckpt-dir", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=10_000, help="Stop after this many steps.")
+    ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--step-time", type=float, default=0.1, help="Seconds per step (pacing).")
+    a = ap.parse_args(argv)
+
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    world = int(os.environ.get("SLURM_NTASKS", "1"))
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    node = os.environ.get("SLURMD_NODENAME", "local")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank}@{node} %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _on_term)
+    if world > 1:
+        job = int(os.environ.get("SLURM_JOB_ID", "0"))
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + (job * 7 + restart) % 2000))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+
+    model, x, y = model_and_data()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step = 0
+    found = checkpoint.load_latest(a.ckpt_dir)
+    if found:
+        step, state = found
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        log.info("resumed from step %d (restart %d)", step, restart)
+    else:
+        log.info("no checkpoint: starting from step 0")
+    progress = a.ckpt_dir / "progress.jsonl"
+    a.ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        _record(progress, {"event": "start", "step": step, "restart": restart, "node": node})
+
+    def save(reason: str) -> None:
+        if rank == 0:
+            checkpoint.save(a.ckpt_dir, step, {"model": model.state_dict(), "optim": opt.state_dict()})
+            _record(progress, {"event": "checkpoint", "step": step, "reason": reason})
+            log.info("checkpoint at step %d (%s)", step, reason)
+
+    shard = slice(rank, None, world)
+    while step < a.steps:
+        t0 = time.monotonic()
+        loss = nn.functional.mse_loss(model(x[shard]), y[shard])
+        opt.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        stop = torch.tensor([1.0 if STOP else 0.0])
+        if world > 1:
+            for p in model.parameters():
+                assert p.grad is not None
+                dist.all_reduce(p.grad)
+                p.grad /= world
+            dist.all_reduce(stop)  # everyone stops at the same step, or nobody does
+        opt.step()
+        step += 1
+        if rank == 0 and step % 10 == 0:
+            _record(progress, {"event": "step", "step": step, "loss": round(loss.item(), 6)})
+        if stop.item() > 0:
+            save("sigterm")
+            if world > 1:
+                dist.barrier()
+            log.info("stopping at step %d after SIGTERM", step)
+            return 143  # ended by a signal, checkpoint safe: requeue me
+        if step % a.ckpt_every == 0:
+            save("periodic")
+        time.sleep(max(0.0, a.step_time - (time.monotonic() - t0)))
+    save("done")
+    return 0
+
+
+def _record(path: Path, event: dict[str, object]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps({"ts": time.time(), **event}) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

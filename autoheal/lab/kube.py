@@ -356,11 +356,18 @@ def _alive(pid: int, argv0: str | None = None) -> bool:
     return True
 
 
-def stop_control_plane(run_dir: Path) -> None:
-    """Stop every service of the control plane in run_dir by its PID file; no-op if none."""
-    run_dir = Path(run_dir)
-    running: list[tuple[str, int]] = []
-    for service in reversed(SERVICES):
+# Stopped in waves: the API server's shutdown talks to etcd (it removes its own endpoint), so
+# etcd goes last; signalling all at once makes the API server hang until the grace period.
+_STOP_WAVES: tuple[tuple[str, ...], ...] = (
+    ("kwok", "kube-scheduler", "kube-controller-manager"),
+    ("kube-apiserver",),
+    ("etcd",),
+)
+
+
+def _stop_wave(run_dir: Path, services: Sequence[str]) -> None:
+    running: list[int] = []
+    for service in services:
         entry = _read_pid(run_dir, service)
         if entry is None:
             continue
@@ -368,26 +375,36 @@ def stop_control_plane(run_dir: Path) -> None:
         if _alive(pid, argv0):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            running.append((service, pid))
-        else:
-            _pid_file(run_dir, service).unlink(missing_ok=True)
+            running.append(pid)
     deadline = time.monotonic() + _STOP_GRACE_S
     while running and time.monotonic() < deadline:
-        running = [(s, p) for s, p in running if _alive(p)]
+        running = [p for p in running if _alive(p)]
         if running:
-            time.sleep(0.05)
-    for _, pid in running:
+            time.sleep(0.02)
+    for pid in running:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    for service, pid in running:
+    for pid in running:
         while _alive(pid):
             time.sleep(0.02)
-        del service
-    for service in SERVICES:
+    for service in services:
         entry = _read_pid(run_dir, service)
         if entry is not None:
             _CHILDREN.pop(entry[0], None)
         _pid_file(run_dir, service).unlink(missing_ok=True)
+
+
+def stop_control_plane(run_dir: Path) -> None:
+    """Stop every service of the control plane in run_dir by its PID file; no-op if none.
+
+    A PID is signalled only while its command line is still the one recorded at start, SIGTERM
+    first and SIGKILL after a grace period; PID files are removed once the process is gone.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "pids").is_dir():
+        return
+    for wave in _STOP_WAVES:
+        _stop_wave(run_dir, wave)
 
 
 # --- health ---------------------------------------------------------------------------------
@@ -582,10 +599,8 @@ def start_control_plane(
     """
     run_dir = Path(run_dir).resolve()
     ports = Ports.from_base(port_base)
-    argv_needs_tools = [
-        tool_path(t) for t in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-    ]
-    del argv_needs_tools
+    for service in SERVICES:
+        tool_path(service)  # a missing binary is reported before anything starts
     stop_control_plane(run_dir)  # leftovers of an earlier run in the same dir
     deadline = time.monotonic() + timeout
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -673,13 +688,7 @@ def node_manifest(spec: KubeNodeSpec) -> dict[str, Any]:
         "spec": {"taints": taints} if taints else {},
         "status": {
             "capacity": capacity,
-            "allocatable": dict(capacity),
-            "nodeInfo": {
-                "architecture": "amd64",
-                "operatingSystem": "linux",
-                "kubeletVersion": "fake",
-                "kubeProxyVersion": "fake",
-            },
+            "allocatable": dict(capacity),  # nodeInfo etc. come from KWOK's initialize stage
         },
     }
 

@@ -56,6 +56,7 @@ def lab_up(
         str | None, typer.Option(help="Where Alertmanager posts (default: the lab's runner).")
     ] = None,
     kube: Annotated[bool, typer.Option(help="Start the Kubernetes control plane if built.")] = True,
+    runner: Annotated[bool, typer.Option(help="Start the remediation runner.")] = True,
     grace: Annotated[int, typer.Option(help="Job grace period in seconds (Slurm KillWait).")] = 120,
     provision_delay: Annotated[
         float, typer.Option(help="Seconds the pool controller takes to bring a replacement.")
@@ -71,6 +72,7 @@ def lab_up(
         pools=[PoolConfig(size=nodes, spares=spares, headroom=headroom, gpus_per_node=gpus)],
         webhook_url=webhook_url,
         kube=kube,
+        runner=runner,
         grace_seconds=grace,
         provision_delay=provision_delay,
         **kw,  # type: ignore[arg-type]
@@ -150,14 +152,30 @@ def lab_inject(
 
 @lab_app.command("demo")
 def lab_demo(
-    name: NameOpt = "default",
+    name: NameOpt = "demo",
     root: RootOpt = None,
-    keep: Annotated[bool, typer.Option(help="Leave the lab up afterwards.")] = False,
+    port_base: Annotated[int, typer.Option(help="First of the lab's loopback ports.")] = 21000,
+    keep: Annotated[bool, typer.Option(help="Leave the lab up afterwards to explore.")] = False,
+    grace: Annotated[int, typer.Option(help="Grace period for jobs to checkpoint (s).")] = 120,
+    provision_delay: Annotated[float, typer.Option(help="Cloud provisioning delay (s).")] = 5.0,
+    report_dir: Annotated[Path | None, typer.Option(help="Where report.json and timeline.png go.")] = None,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 600,
+    json_: JsonOpt = False,
 ) -> None:
-    """Bring the lab up, inject XID 79 and show the alert arriving."""
+    """A GPU dies during training and the job resumes by itself: the whole story, measured."""
     from autoheal.lab.demo import run_demo
 
-    run_demo(name, root, keep, console, out)
+    kw: dict[str, object] = {"root": root} if root else {}
+    cfg = LabConfig(
+        name=name,
+        port_base=port_base,
+        grace_seconds=grace,
+        provision_delay=provision_delay,
+        **kw,  # type: ignore[arg-type]
+    )
+    report = run_demo(cfg, keep, console, out, report_dir, timeout)
+    if json_:
+        print(json.dumps(report))
 
 
 pool_app = typer.Typer(help="The lab's node-pool controller (plays the cloud).", no_args_is_help=True)

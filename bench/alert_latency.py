@@ -38,6 +38,7 @@ def main() -> None:
         pools=[PoolConfig(size=4, spares=2, headroom=0)],
         webhook_url=f"http://127.0.0.1:{a.port_base + 6}/webhook",
         kube=False,
+        runner=False,
     )
     t0 = time.monotonic()
     labmod.up(cfg)

@@ -60,10 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank}@{node} %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _on_term)
     if world > 1:
-        job = int(os.environ.get("SLURM_JOB_ID", "0"))
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + (job * 7 + restart) % 2000))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group(
+            "gloo", init_method=_rendezvous(a.ckpt_dir, restart), rank=rank, world_size=world
+        )
 
     model, x, y = model_and_data()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -102,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             dist.all_reduce(stop)  # everyone stops at the same step, or nobody does
         opt.step()
         step += 1
+        if rank == 0 and found and step == found[0] + 1:
+            _record(progress, {"event": "first_step", "step": step, "restart": restart})
         if rank == 0 and step % 10 == 0:
             _record(progress, {"event": "step", "step": step, "loss": round(loss.item(), 6)})
         if stop.item() > 0:
@@ -115,6 +116,17 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(max(0.0, a.step_time - (time.monotonic() - t0)))
     save("done")
     return 0
+
+
+def _rendezvous(ckpt_dir: Path, restart: int) -> str:
+    """Where the ranks meet. MASTER_ADDR/MASTER_PORT win if set; otherwise a file on the shared
+    checkpoint storage, unique per job and restart: no TCP port to collide with another job."""
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        return "env://"
+    cluster = os.environ.get("SLURM_CLUSTER_NAME", "local")
+    job = os.environ.get("SLURM_JOB_ID", "0")
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    return f"file://{ckpt_dir / f'.rendezvous-{cluster}-{job}-{restart}'}"
 
 
 def _record(path: Path, event: dict[str, object]) -> None:

@@ -65,6 +65,7 @@ class LabConfig(BaseModel):
     webhook_url: str | None = None
     interval: str = "1s"
     kube: bool = True
+    runner: bool = True
     grace_seconds: int = Field(default=120, ge=1)
     provision_delay: float = Field(default=5.0, ge=0)
 

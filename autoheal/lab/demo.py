@@ -1,55 +1,362 @@
-"""`autoheal lab demo`: the lab's story in one command.
+"""`autoheal lab demo`: a GPU dies during training and the job resumes by itself.
 
-For now: bring the lab up, show its health, raise XID 79 on a GPU and show the alert arriving at
-the runner's webhook address through the real Prometheus and Alertmanager, with the latency.
+The lab comes up (Slurm, Kubernetes, Prometheus, Alertmanager, simulator, pool controller, runner),
+a checkpointing PyTorch job is submitted with sbatch on two GPU nodes while another team's job fills
+the rest of the pool, XID 79 is raised on a GPU of the training job's first node, and from then on
+nothing is touched by hand: the demo only watches. It shows a live timeline until the job has
+trained past its pre-fault step, then prints the per-phase table and writes a report (JSON + PNG).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from rich.console import Console
+import httpx
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
+from autoheal.errors import LabError
 from autoheal.lab import lab as labmod
+from autoheal.lab import runner, slurm
 from autoheal.lab.config import LabConfig
-from autoheal.lab.sink import WebhookSink
 
-DEMO_NODE, DEMO_GPU, DEMO_XID = "gpu-2", 3, 79
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+DEMO_GPU, DEMO_XID = 3, 79
+
+# (key, label, source): the phases of one incident in the order DESIGN.md tells them
+PHASES: list[tuple[str, str]] = [
+    ("injected", "XID 79 injected (fault)"),
+    ("alert_fired", "alert fired (Prometheus)"),
+    ("received", "webhook received (runner)"),
+    ("fenced", "fenced (Slurm drain + cordon)"),
+    ("jobs_signalled", "jobs signalled (SIGTERM)"),
+    ("checkpoint", "checkpoint written"),
+    ("spare_promoted", "spare promoted"),
+    ("requeued", "jobs requeued"),
+    ("job_running", "job running again"),
+    ("first_step", "first step after resume"),
+    ("drained", "node drained (Kubernetes)"),
+    ("replacement_ready", "replacement ready (backfill)"),
+    ("resolved", "incident resolved"),
+]
 
 
-def run_demo(name: str, root: Path | None, keep: bool, console: Console, out: Console) -> None:
-    kw = {"root": root} if root else {}
-    cfg = LabConfig(name=name, **kw)  # type: ignore[arg-type]
-    t0 = time.monotonic()
+@dataclass
+class Watch:
+    cfg: LabConfig
+    ckpt: Path
+    job: str
+    node: str
+    t_fault: float = 0.0
+    pre_fault_step: int = 0
+    step: int = 0
+    seen: dict[str, float] = field(default_factory=dict)
+    incident: str | None = None
+    requeued_nodes: str = ""
+
+    def progress(self) -> list[dict[str, Any]]:
+        p = self.ckpt / "progress.jsonl"
+        if not p.exists():
+            return []
+        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+    def poll(self) -> None:
+        events = self.progress()
+        steps = [e["step"] for e in events if "step" in e]
+        self.step = max(steps, default=0)
+        after = [e for e in events if e["ts"] >= self.t_fault]
+        for e in after:
+            if e["event"] == "checkpoint" and e.get("reason") == "sigterm":
+                self.seen.setdefault("checkpoint", e["ts"])
+            if e["event"] == "first_step":
+                self.seen.setdefault("first_step", e["ts"])
+        if "alert_fired" not in self.seen:
+            self._alert()
+        self._journal()
+        if "requeued" in self.seen or "checkpoint" in self.seen:
+            self._job()
+
+    def _alert(self) -> None:
+        data = httpx.get(self.cfg.url("prometheus", "/api/v1/alerts"), timeout=2).json()
+        for a in data["data"]["alerts"]:
+            if a["labels"].get("Hostname") == self.node and a["state"] == "firing":
+                # activeAt is when the rule first matched: the alert fired then
+                ts = _parse_ts(a["activeAt"])
+                self.seen["alert_fired"] = max(ts, self.t_fault)
+
+    def _journal(self) -> None:
+        from remediation.journal import Journal
+
+        path = runner.journal_path(self.cfg)
+        if not path.exists():
+            return
+        j = Journal(path)
+        try:
+            if self.incident is None:
+                for inc in j.incidents():
+                    if inc.node == self.node and inc.opened_at >= self.t_fault - 1:
+                        self.incident = inc.id
+            if self.incident is None:
+                return
+            for entry in j.timeline(self.incident):
+                if entry.status == "ok":
+                    self.seen.setdefault(entry.phase, entry.ts)
+            rec = j.incident(self.incident)
+            if rec is not None and rec.closed_at:
+                self.seen.setdefault("resolved", rec.closed_at)
+        finally:
+            j.close()
+
+    def _job(self) -> None:
+        if "job_running" in self.seen:
+            return
+        out = slurm.run(self.cfg, ["scontrol", "show", "job", self.job, "-o"], timeout=5)
+        state = re.search(r"JobState=(\S+)", out)
+        restarts = re.search(r"Restarts=(\d+)", out)
+        if state and state.group(1) == "RUNNING" and restarts and int(restarts.group(1)) >= 1:
+            self.seen["job_running"] = time.time()
+            nodes = re.search(r" NodeList=(\S+)", out)
+            self.requeued_nodes = nodes.group(1) if nodes else ""
+
+    def rows(self) -> list[tuple[str, float | None]]:
+        return [(label, self.seen.get(key)) for key, label in PHASES]
+
+    def table(self) -> Table:
+        t = Table(title=f"incident timeline: XID {DEMO_XID} on {self.node} GPU {DEMO_GPU}")
+        t.add_column("phase")
+        t.add_column("t+ (s)", justify="right")
+        t.add_column("delta (s)", justify="right")
+        prev = self.t_fault
+        for label, ts in self.rows():
+            if ts is None:
+                t.add_row(label, "[dim]...[/dim]", "")
+                continue
+            t.add_row(label, f"{ts - self.t_fault:6.2f}", f"{max(0.0, ts - prev):6.2f}")
+            prev = max(prev, ts)
+        return t
+
+    def done(self) -> bool:
+        """Resumed and trained past both the step of the fault and the checkpoint it resumed from."""
+        ckpt = max((e["step"] for e in self.progress() if e.get("reason") == "sigterm"), default=0)
+        return "first_step" in self.seen and self.step > max(self.pre_fault_step, ckpt)
+
+
+def _parse_ts(s: str) -> float:
+    from datetime import datetime
+
+    s = re.sub(r"(\.\d{6})\d*", r"\1", s.replace("Z", "+00:00"))
+    return datetime.fromisoformat(s).timestamp()
+
+
+def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise LabError(f"demo: timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.25)
+
+
+def submit(cfg: LabConfig, ckpt: Path, out: Path, args: str) -> str:
+    env = dict(
+        os.environ,
+        **cfg.slurm_env(),
+        CKPT_DIR=str(ckpt),
+        PYTHON=sys.executable,
+        AUTOHEAL_EXAMPLES=str(EXAMPLES),
+        TRAIN_ARGS=args,
+    )
+    import subprocess
+
+    res = subprocess.run(
+        ["sbatch", "--parsable", "-o", str(out), str(EXAMPLES / "train.sbatch")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return res.stdout.strip().split(";")[0]
+
+
+def job_nodes(cfg: LabConfig, job: str) -> list[str]:
+    out = slurm.run(cfg, ["scontrol", "show", "job", job, "-o"])
+    m = re.search(r" NodeList=(\S+)", out)
+    if not m or m.group(1) == "(null)":
+        return []
+    return slurm.run(cfg, ["scontrol", "show", "hostnames", m.group(1)]).split()
+
+
+def run_demo(
+    cfg: LabConfig,
+    keep: bool,
+    console: Console,
+    out: Console,
+    report_dir: Path | None = None,
+    timeout: float = 600,
+) -> dict[str, Any]:
+    t_start = time.monotonic()
     cfg = labmod.up(cfg, lambda m: console.print(f"[dim]lab[/dim] {m}"))
-    console.print(f"lab up in {time.monotonic() - t0:.1f}s")
-    st = labmod.status(cfg)
-    t = Table(title=f"lab {cfg.name}")
-    t.add_column("service")
-    t.add_column("state")
-    for s in st.services:
-        t.add_row(s.name, ("ok " if s.healthy else "DOWN ") + s.detail)
-    out.print(t)
-    token = (cfg.run_dir / "runner.token").read_text().strip()
-    sink = WebhookSink(cfg.port("runner"), token).start()
     try:
-        labmod.inject(cfg, DEMO_NODE, DEMO_GPU, None)
-        time.sleep(2)  # let a clean scrape land so the alert is a fresh one
-        console.print(f"injecting XID {DEMO_XID} on {DEMO_NODE} GPU {DEMO_GPU}")
-        t_inject = time.time()
-        labmod.inject(cfg, DEMO_NODE, DEMO_GPU, DEMO_XID)
-        d = sink.wait_for({"Hostname": DEMO_NODE, "xid": str(DEMO_XID)}, 30, since=t_inject)
-        alert = next(a for a in d.payload["alerts"] if a["labels"].get("Hostname") == DEMO_NODE)
-        out.print(
-            f"[bold]alert arrived[/bold] after {d.at - t_inject:.2f}s: "
-            f"{alert['labels']['alertname']} node={alert['labels']['Hostname']} "
-            f"gpu={alert['labels']['gpu']} xid={alert['labels']['xid']} tier={alert['labels'].get('tier')}"
-        )
-        labmod.inject(cfg, DEMO_NODE, None, None)
+        return _story(cfg, console, out, report_dir or cfg.run_dir / "demo", timeout, t_start)
     finally:
-        sink.stop()
         if not keep:
             labmod.down(cfg)
-            console.print("lab down (use --keep to leave it up)")
+            console.print("lab down (use --keep to leave it up and explore)")
+
+
+def _story(
+    cfg: LabConfig, console: Console, out: Console, rdir: Path, timeout: float, t_start: float
+) -> dict[str, Any]:
+    st = labmod.status(cfg)
+    if not st.healthy:
+        bad = ", ".join(s.name for s in st.services if not s.healthy)
+        raise LabError(f"demo: lab is not healthy ({bad}); see `autoheal lab status`")
+    console.print(
+        f"lab healthy after {time.monotonic() - t_start:.1f}s: " + ", ".join(s.name for s in st.services)
+    )
+    if "runner" not in {s.name for s in st.services}:
+        raise LabError("demo: the remediation runner is not running in this lab")
+    rdir.mkdir(parents=True, exist_ok=True)
+    ckpt = rdir / "ckpt"
+    for f in ckpt.glob("*"):
+        f.unlink()
+    train_out = rdir / "train.out"
+    train_out.unlink(missing_ok=True)
+    job = submit(cfg, ckpt, train_out, "--step-time 0.1 --ckpt-every 100")
+    console.print(f"submitted training job {job} (sbatch examples/train.sbatch, 2 nodes x 8 GPUs)")
+    _wait(lambda: len(job_nodes(cfg, job)) == 2, 60, "the training job to start")
+    nodes = job_nodes(cfg, job)
+    # another team's job fills the rest of the pool, so the requeued job needs the promoted spare
+    active = [n for p in cfg.slurm_pools() for n in p.active_nodes()]
+    others = len([n for n in active if n not in nodes])
+    if others:
+        slurm.run(
+            cfg,
+            [
+                "sbatch",
+                "-N",
+                str(others),
+                "--gres=gpu:8",
+                "-J",
+                "other-team",
+                "--no-requeue",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "sleep 3600",
+            ],
+        )
+    w = Watch(cfg, ckpt, job, nodes[0])
+
+    def progressed() -> bool:
+        w.poll()
+        return w.step >= 60
+
+    _wait(progressed, 120, "training progress")
+    console.print(
+        f"training on {', '.join(nodes)}: step {w.step}; injecting XID {DEMO_XID} on {w.node} GPU {DEMO_GPU}"
+    )
+    w.t_fault = time.time()
+    w.seen["injected"] = w.t_fault
+    labmod.inject(cfg, w.node, DEMO_GPU, DEMO_XID)
+    w.pre_fault_step = w.step
+    deadline = time.monotonic() + timeout
+    with Live(console=console, refresh_per_second=4) as live:
+        while True:
+            w.poll()
+            status = Text(
+                f"job {job}: step {w.step} (pre-fault {w.pre_fault_step})  "
+                f"incident {w.incident or '-'}  t+{time.time() - w.t_fault:5.1f}s"
+            )
+            live.update(Group(w.table(), status))
+            # finished: the job trained past its pre-fault step and the incident has closed
+            if w.done() and ("resolved" in w.seen or time.monotonic() > deadline - timeout / 2):
+                break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+    w.poll()
+    if w.node in labmod.current_nodes(cfg):
+        labmod.inject(cfg, w.node, None, None)
+    out.print(w.table())
+    report = _report(w, rdir, nodes)
+    out.print(f"report: {report['json']}  chart: {report['png']}")
+    if not w.done():
+        raise LabError(f"demo: the job did not resume within {timeout:.0f}s; see {train_out}")
+    return report
+
+
+def _report(w: Watch, rdir: Path, nodes: list[str]) -> dict[str, Any]:
+    phases = [
+        {
+            "phase": key,
+            "label": label,
+            "ts": w.seen.get(key),
+            "t_plus_s": round(w.seen[key] - w.t_fault, 3) if key in w.seen else None,
+        }
+        for key, label in PHASES
+    ]
+    steps = [(e["ts"] - w.t_fault, e["step"]) for e in w.progress() if e["event"] in ("step", "first_step")]
+    data = {
+        "job": w.job,
+        "nodes_before": nodes,
+        "nodes_after": w.requeued_nodes,
+        "faulty_node": w.node,
+        "incident": w.incident,
+        "pre_fault_step": w.pre_fault_step,
+        "final_step": w.step,
+        "phases": phases,
+        "fault_to_fenced_s": _delta(w, "fenced"),
+        "fault_to_job_running_s": _delta(w, "job_running"),
+        "fenced_to_spare_promoted_s": (
+            round(w.seen["spare_promoted"] - w.seen["fenced"], 3)
+            if "spare_promoted" in w.seen and "fenced" in w.seen
+            else None
+        ),
+    }
+    js = rdir / "report.json"
+    js.write_text(json.dumps(data, indent=2))
+    png = rdir / "timeline.png"
+    _chart(phases, steps, png, w)
+    return {"json": str(js), "png": str(png), **data}
+
+
+def _delta(w: Watch, key: str) -> float | None:
+    return round(w.seen[key] - w.t_fault, 3) if key in w.seen else None
+
+
+def _chart(phases: list[dict[str, Any]], steps: list[tuple[float, int]], path: Path, w: Watch) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 8), sharex=True, height_ratios=[3, 2])
+    seen = [p for p in phases if p["t_plus_s"] is not None]
+    for i, p in enumerate(seen):
+        ax1.barh(i, max(p["t_plus_s"], 0.05), left=0, color="#4a90d9", alpha=0.35)
+        ax1.plot(p["t_plus_s"], i, "o", color="#1f4e79")
+        ax1.text(p["t_plus_s"] + 0.3, i, f"{p['label']}  (t+{p['t_plus_s']:.1f}s)", va="center", fontsize=8)
+    ax1.set_yticks([])
+    ax1.invert_yaxis()
+    ax1.set_title(f"autoheal lab: XID {DEMO_XID} on {w.node}, job {w.job} resumes by itself")
+    if steps:
+        xs, ys = zip(*steps, strict=True)
+        ax2.plot(xs, ys, ".-", color="#2e7d32", markersize=3)
+    ax2.axvline(0, color="#c62828", linestyle="--", label="fault")
+    ax2.axhline(w.pre_fault_step, color="#999999", linestyle=":", label="pre-fault step")
+    ax2.set_xlabel("seconds since the fault")
+    ax2.set_ylabel("training step")
+    ax2.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -77,6 +77,14 @@ def node_models(cfg: LabConfig) -> dict[str, str]:
     return out
 
 
+def runner_available() -> bool:
+    try:
+        import remediation.cli  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def kube_available() -> bool:
     try:
         from autoheal.lab import kube
@@ -151,6 +159,11 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
     prom.wait_pipeline(cfg)
     _step(progress, "node-pool controller")
     pool.start(cfg)
+    if cfg.runner and runner_available():
+        _step(progress, "remediation runner")
+        from autoheal.lab import runner
+
+        runner.start(cfg)
 
 
 def start_simulator(cfg: LabConfig) -> None:
@@ -230,6 +243,8 @@ def status(cfg: LabConfig) -> LabStatus:
         ("simulator", lambda: _http(cfg.url("simulator", "/healthz"))),
         ("pool-controller", lambda: _http(cfg.url("pool_controller", "/healthz"))),
     ]
+    if cfg.runner and runner_available():
+        checks.append(("runner", lambda: _http(cfg.url("runner", "/readyz"))))
     for name, check in checks:
         if name not in live:
             st.services.append(ServiceStatus(name, False, "not running"))

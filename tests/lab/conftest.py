@@ -25,6 +25,7 @@ def lab(tmp_path_factory):
         pools=[PoolConfig(size=4, spares=2, headroom=2)],
         webhook_url=f"http://127.0.0.1:{PORT_BASE + 6}/webhook",
         kube=False,
+        runner=False,
         grace_seconds=30,
         provision_delay=1,
     )

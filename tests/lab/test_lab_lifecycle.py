@@ -19,6 +19,7 @@ def small(tmp_path, name, port_base):
         port_base=port_base,
         pools=[PoolConfig(size=1, spares=0, headroom=0)],
         kube=False,
+        runner=False,
     )
 
 

@@ -1,0 +1,28 @@
+"""The autoheal remediation runner: Alertmanager webhook -> incident -> policy -> playbook.
+
+Modules, one job each:
+  models     Alertmanager's v4 webhook payload (pydantic, bounded)
+  auth       bearer token from a file, compared in constant time
+  rules      EDA-rulebook-shaped routing rules (alert -> playbook, extra vars, throttle, dry run)
+  incidents  alert -> typed Incident (validated node, XID, GPU, tier) and dedup into the journal
+  committer  group commit: many deliveries share one durable SQLite commit
+  journal    SQLite (WAL): alerts, incidents (the queue), runs, steps, timeline, settings
+  policy     opt-out, budgets, latching circuit breaker, per-node cap, escalation, dry run
+  kube       node/pod label reads for opt-out and pools (real client, fake, null)
+  executor   ansible-runner with validated extra vars, per-node locks, timeouts, cancel
+  worker     the queue consumer: decide, batch, run, close; resume after a crash
+  notify     JSON webhook and Slack sinks, retried on a background thread
+  metrics    Prometheus metrics in the runner's own registry
+  app        the starlette app: POST /webhook, /healthz, /readyz, /metrics
+  runtime    wiring from a RunnerConfig; config: the runner's YAML/env config
+  manual     on-call verbs (pause, resume, breaker reset, cancel, run by hand); cli: typer
+
+Playbook contract (extra vars the runner passes to playbooks/<name>.yml):
+  autoheal_nodes (list[str], a batch), autoheal_incident_ids (list[str], parallel),
+  autoheal_xid (int), autoheal_gpu (int|null), autoheal_tier ("reset"|"replace"),
+  autoheal_opt_out (bool: fence + notify only), autoheal_dry_run (bool; the run uses --check),
+  autoheal_grace_seconds (int), autoheal_journal_events (path: append JSON lines
+  {"incident", "node", "phase", "status": "start|ok|failed", "ts"}), and
+  autoheal_done_phases ({node: [phase, ...]}: phases already reported ok before a crash; a play
+  resumed after a runner restart skips them).
+"""

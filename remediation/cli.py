@@ -1,0 +1,318 @@
+"""The on-call command line: `autoheal serve | incidents | incident show | pause | resume |
+breaker | cancel | run`. Every listing has `--json` for scripts; tables never render alert text as
+markup. `register(app)` adds the commands to the root `autoheal` typer app.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from autoheal.errors import AutohealError
+from remediation.config import RunnerConfig, load_config
+from remediation.journal import STATES, Journal
+
+ConfigOpt = Annotated[
+    Path,
+    typer.Option(
+        "--config",
+        "-c",
+        envvar="AUTOHEAL_CONFIG",
+        help="Runner config YAML (env AUTOHEAL_CONFIG).",
+        show_default=True,
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+DEFAULT_CONFIG = Path("config/runner.yaml")
+
+
+def _fail(msg: str) -> typer.Exit:
+    Console(stderr=True).print(Text("error: " + msg, style="red"))
+    return typer.Exit(2)
+
+
+def _config(path: Path) -> RunnerConfig:
+    try:
+        return load_config(path)
+    except AutohealError as exc:
+        raise _fail(str(exc)) from exc
+
+
+def _journal(path: Path) -> Journal:
+    cfg = _config(path)
+    try:
+        return Journal(cfg.journal_path)
+    except AutohealError as exc:
+        raise _fail(str(exc)) from exc
+
+
+def _ts(value: float | None) -> str:
+    return "" if value is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(value))
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def serve(config: ConfigOpt = DEFAULT_CONFIG) -> None:
+    """Run the webhook server and the remediation worker (until SIGTERM)."""
+    import logging
+
+    import uvicorn
+
+    from remediation.app import create_app
+    from remediation.runtime import build
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = _config(config)
+    try:
+        rt = build(cfg)
+    except AutohealError as exc:
+        raise _fail(str(exc)) from exc
+    uvicorn.run(
+        create_app(rt), host=cfg.listen_host, port=cfg.listen_port, log_level="warning", access_log=False
+    )
+
+
+def incidents(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    state: Annotated[
+        list[str] | None,
+        typer.Option("--state", "-s", help=f"Only these states ({', '.join(STATES)}); repeatable."),
+    ] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest.")] = 100,
+    as_json: JsonOpt = False,
+) -> None:
+    """List incidents (newest last)."""
+    bad = [s for s in state or [] if s not in STATES]
+    if bad:
+        raise _fail(f"unknown state(s) {bad}; choose from {list(STATES)}")
+    rows = _journal(config).incidents(state or None, limit=limit)
+    if as_json:
+        _print_json([r.as_dict() for r in rows])
+        return
+    table = Table(title="autoheal incidents")
+    for col in ("id", "node", "xid", "gpu", "tier", "state", "opened (UTC)", "alerts", "reason"):
+        table.add_column(col)
+    for r in rows:
+        flags = (" opt-out" if r.opt_out else "") + (" dry-run" if r.dry_run else "")
+        table.add_row(
+            *(
+                Text(str(x))
+                for x in (
+                    r.id,
+                    r.node,
+                    r.xid,
+                    "" if r.gpu is None else r.gpu,
+                    r.tier,
+                    r.state + flags,
+                    _ts(r.opened_at),
+                    r.alert_count,
+                    r.reason,
+                )
+            )
+        )
+    Console().print(table)
+
+
+incident_app = typer.Typer(help="Look at one incident.", no_args_is_help=True)
+
+
+@incident_app.command("show")
+def incident_show(
+    incident_id: Annotated[str, typer.Argument(help="Incident id, e.g. inc-0123456789ab.")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show an incident, its timeline (phase durations) and its runs."""
+    journal = _journal(config)
+    inc = journal.incident(incident_id)
+    if inc is None:
+        raise _fail(f"no incident {incident_id!r}")
+    timeline = journal.timeline(inc.id)
+    runs = journal.runs_of(inc.id)
+    if as_json:
+        _print_json(
+            {
+                "incident": inc.as_dict(),
+                "timeline": [t.as_dict() for t in timeline],
+                "runs": [r.as_dict() for r in runs],
+            }
+        )
+        return
+    console = Console()
+    console.print(
+        Text(f"{inc.id}  node {inc.node}  XID {inc.xid}  tier {inc.tier}  state {inc.state}  ({inc.reason})")
+    )
+    table = Table(title="timeline")
+    for col in ("at (UTC)", "+s", "phase", "status", "source", "run", "detail"):
+        table.add_column(col)
+    for t in timeline:
+        table.add_row(
+            *(
+                Text(str(x))
+                for x in (
+                    _ts(t.ts),
+                    f"{t.ts - inc.opened_at:.1f}",
+                    t.phase,
+                    t.status,
+                    t.source,
+                    t.run_id or "",
+                    t.detail,
+                )
+            )
+        )
+    console.print(table)
+    for r in runs:
+        console.print(
+            Text(
+                f"run {r.id}: {r.playbook} {r.status} rc={r.rc} "
+                f"check={r.check_mode} nodes={len(r.nodes)} {r.detail}"
+            )
+        )
+
+
+def pause(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    reason: Annotated[str, typer.Option(help="Why (recorded).")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Pause the runner: alerts are still recorded, no new play starts (running ones finish)."""
+    from remediation.manual import set_paused
+
+    set_paused(_journal(config), True, reason)
+    if as_json:
+        _print_json({"paused": True, "reason": reason})
+    else:
+        typer.echo("paused")
+
+
+def resume(config: ConfigOpt = DEFAULT_CONFIG, as_json: JsonOpt = False) -> None:
+    """Resume a paused runner."""
+    from remediation.manual import set_paused
+
+    set_paused(_journal(config), False)
+    if as_json:
+        _print_json({"paused": False})
+    else:
+        typer.echo("resumed")
+
+
+breaker_app = typer.Typer(help="The latching circuit breaker (storms).", no_args_is_help=True)
+
+
+@breaker_app.command("status")
+def breaker_status(config: ConfigOpt = DEFAULT_CONFIG, as_json: JsonOpt = False) -> None:
+    """Show whether the breaker is open, why and since when."""
+    from remediation.policy import breaker_state
+
+    journal = _journal(config)
+    state = breaker_state(journal)
+    held = len(journal.incidents(["held"]))
+    if as_json:
+        _print_json({**state.as_dict(), "held_incidents": held})
+        return
+    typer.echo(
+        f"breaker {'OPEN' if state.open else 'closed'}"
+        + (f" since {_ts(state.tripped_at)}: {state.reason}" if state.open else "")
+        + f"; {held} incident(s) held"
+    )
+    if state.open:
+        raise typer.Exit(1)
+
+
+@breaker_app.command("reset")
+def breaker_reset(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    reason: Annotated[str, typer.Option(help="Why it is safe now (recorded).")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Close the breaker; held incidents go back to the queue and are decided again."""
+    from remediation.manual import reset_breaker
+
+    before, n = reset_breaker(_journal(config), reason)
+    if as_json:
+        _print_json({"open": False, "was_open": before.open, "requeued": n})
+        return
+    typer.echo(f"breaker closed (was {'open' if before.open else 'closed'}); {n} held incident(s) requeued")
+
+
+def cancel(
+    incident_id: Annotated[str, typer.Argument(help="Incident id.")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cancel an open incident; a running play is stopped at the next check."""
+    from remediation.manual import request_cancel
+
+    try:
+        inc = request_cancel(_journal(config), incident_id)
+    except AutohealError as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        _print_json({"incident": inc.id, "state": inc.state, "cancel_requested": True})
+        return
+    typer.echo(f"cancel requested for {inc.id} ({inc.state})")
+
+
+def run(
+    playbook: Annotated[str, typer.Argument(help="Playbook name, e.g. gpu_fatal_xid.yml.")],
+    node: Annotated[str, typer.Option("--node", "-n", help="Node name (validated).")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+    check: Annotated[bool, typer.Option("--check", help="Check mode: change nothing.")] = False,
+    tier: Annotated[str, typer.Option(help="reset or replace.")] = "reset",
+    xid: Annotated[int, typer.Option(min=0, max=999, help="XID to report to the play.")] = 0,
+    gpu: Annotated[int | None, typer.Option(min=0, max=63, help="GPU index.")] = None,
+    opt_out: Annotated[bool, typer.Option("--opt-out", help="Fence and notify only.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a play by hand for one node, recorded in the journal like any incident."""
+    from remediation.manual import run_by_hand
+
+    cfg = _config(config)
+    try:
+        inc = run_by_hand(
+            cfg,
+            Journal(cfg.journal_path),
+            playbook,
+            node,
+            check=check,
+            tier=tier,
+            xid=xid,
+            gpu=gpu,
+            opt_out=opt_out,
+        )
+    except AutohealError as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        _print_json(inc.as_dict())
+    else:
+        typer.echo(f"{inc.id}: {inc.state} ({inc.reason})")
+    if inc.state != "completed":
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the runner's commands to the root `autoheal` app."""
+    app.command()(serve)
+    app.command()(incidents)
+    app.add_typer(incident_app, name="incident")
+    app.command()(pause)
+    app.command()(resume)
+    app.add_typer(breaker_app, name="breaker")
+    app.command()(cancel)
+    app.command()(run)
+
+
+def main() -> None:
+    app = typer.Typer(help="autoheal remediation runner.", no_args_is_help=True)
+    register(app)
+    app()

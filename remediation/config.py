@@ -1,0 +1,148 @@
+"""The runner's configuration: one YAML file, overridable by AUTOHEAL_* environment variables.
+
+Relative paths are resolved against the config file's folder, so the same file works from any
+working directory (a container, a test's tmp dir, the repo root). Secrets are never inline: the
+bearer token is read from `token_file`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator
+
+from remediation.errors import RunnerConfigError
+
+
+class Budgets(BaseModel):
+    """How much of the fleet may be in remediation at once."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_nodes: int = Field(default=5, ge=1)
+    max_pool_percent: float = Field(default=10.0, gt=0, le=100)
+
+
+class NodeCap(BaseModel):
+    """Per-node cap: more than `max_incidents` in `window_seconds` -> quarantine and page."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_incidents: int = Field(default=3, ge=1)
+    window_seconds: int = Field(default=86400, gt=0)
+
+
+class NotifySink(BaseModel):
+    """A notification target: a generic JSON webhook or a Slack-compatible incoming webhook."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["webhook", "slack"] = "webhook"
+    url: HttpUrl
+    timeout_seconds: float = Field(default=5.0, gt=0)
+    retries: int = Field(default=3, ge=0, le=10)
+
+
+class RunnerConfig(BaseModel):
+    """Everything `autoheal serve` needs; see config/runner.yaml for a commented example."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(default=9095, ge=0, le=65535)
+    token_file: Path
+    journal_path: Path
+    rules_file: Path
+    playbook_dir: Path
+    state_dir: Path = Field(description="ansible-runner private data dirs, node locks")
+    kubeconfig: Path | None = None
+    dry_run: bool = False
+    budgets: Budgets = Budgets()
+    node_cap: NodeCap = NodeCap()
+    dedup_window_seconds: int = Field(default=900, ge=0)
+    opt_out_label: str = "autoheal.io/opt-out"
+    pool_label: str = "autoheal.io/pool"
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    max_concurrent_runs: int = Field(default=4, ge=1, le=64)
+    batch_window_seconds: float = Field(default=0.3, ge=0, le=60)
+    max_batch: int = Field(default=100, ge=1)
+    step_timeout_seconds: int = Field(default=900, ge=1)
+    run_timeout_seconds: int = Field(default=3600, ge=1)
+    grace_seconds: int = Field(default=120, ge=0)
+    poll_seconds: float = Field(default=0.5, gt=0, le=10)
+    ansible_python: Path | None = Field(
+        default=None, description="interpreter for localhost tasks; default: this Python"
+    )
+    notify: tuple[NotifySink, ...] = ()
+    play_vars: dict[str, Any] = Field(
+        default_factory=dict,
+        description="static extra vars for every play (e.g. autoheal_slurm_conf); rules override",
+    )
+
+    @field_validator("play_vars")
+    @classmethod
+    def _play_vars(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from remediation.rules import check_extra_var
+
+        return {k: check_extra_var(k, v) for k, v in value.items()}
+
+
+_PATH_KEYS = (
+    "token_file",
+    "journal_path",
+    "rules_file",
+    "playbook_dir",
+    "state_dir",
+    "kubeconfig",
+    "ansible_python",
+)
+_ENV_PREFIX = "AUTOHEAL_"
+_ENV_KEYS = {
+    "TOKEN_FILE": "token_file",
+    "JOURNAL_PATH": "journal_path",
+    "RULES_FILE": "rules_file",
+    "PLAYBOOK_DIR": "playbook_dir",
+    "STATE_DIR": "state_dir",
+    "KUBECONFIG_PATH": "kubeconfig",
+    "DRY_RUN": "dry_run",
+    "LISTEN_HOST": "listen_host",
+    "LISTEN_PORT": "listen_port",
+}
+
+
+def parse_config(data: Any, origin: str, base: Path, env: dict[str, str] | None = None) -> RunnerConfig:
+    """Validate a config mapping; `base` resolves relative paths, `env` overrides keys."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RunnerConfigError(f"{origin}: the runner config must be a mapping")
+    merged = dict(data)
+    for suffix, key in _ENV_KEYS.items():
+        value = (env or {}).get(_ENV_PREFIX + suffix)
+        if value is not None:
+            merged[key] = value
+    for key in _PATH_KEYS:
+        if merged.get(key) is not None:
+            p = Path(str(merged[key])).expanduser()
+            merged[key] = p if p.is_absolute() else (base / p).resolve()
+    try:
+        return RunnerConfig.model_validate(merged)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
+        )
+        raise RunnerConfigError(f"{origin}: invalid runner config: {problems}") from exc
+
+
+def load_config(path: Path, env: dict[str, str] | None = None) -> RunnerConfig:
+    """Load the runner config file, applying AUTOHEAL_* overrides from `env` (default: os.environ)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise RunnerConfigError(f"{path}: cannot read the runner config: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise RunnerConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_config(data, str(path), path.parent.resolve(), dict(os.environ) if env is None else env)

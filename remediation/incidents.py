@@ -1,0 +1,201 @@
+"""Alert -> Incident: normalise each alert, then deduplicate into one open incident per fault.
+
+Normalising is where hostile alert text stops: the node name must pass autoheal.names, the XID and
+GPU must be small integers, and only those typed values travel on (never labels or annotations).
+Dedup keeps Alertmanager's repeats, its resolved notifications and re-fires from starting the
+runbook twice: an alert joins the open incident of its (node, fault class); a re-delivery of the
+same alert instance (fingerprint + startsAt) joins its incident even after it closed; and any alert
+for the same (node, fault class) within the dedup window after an incident closed joins it too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from autoheal.errors import ValidationError
+from autoheal.names import validate_node_name
+from autoheal.xid import Tier, XidCatalog
+from remediation.errors import PayloadError
+from remediation.journal import Journal, Tx
+from remediation.models import Alert, WebhookPayload
+from remediation.rules import Rule, Rules
+
+_SMALL_INT = re.compile(r"^[0-9]{1,3}$")
+_SAFE_KEY = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+@dataclass(frozen=True)
+class Incident:
+    """The typed facts of one alert that the runner may act on."""
+
+    node: str
+    gpu: int | None
+    xid: int
+    fingerprint: str
+    tier: Tier
+    fault_class: str
+    status: str
+    starts_at: float
+    alertname: str
+    rule: Rule
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """An alert that matched a rule but carried unusable or hostile values; never acted on."""
+
+    reason: str
+
+
+Routed = tuple[Alert, "Incident | Rejected | None"]
+
+
+@dataclass
+class DeliveryResult:
+    """What one webhook delivery did; returned to Alertmanager as JSON."""
+
+    created: list[str] = field(default_factory=list)
+    joined: list[str] = field(default_factory=list)
+    unrouted: int = 0
+    rejected: int = 0
+    resolved_unmatched: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "created": self.created,
+            "joined": self.joined,
+            "unrouted": self.unrouted,
+            "rejected": self.rejected,
+            "resolved_unmatched": self.resolved_unmatched,
+        }
+
+
+def normalise(alert: Alert, rule: Rule, catalog: XidCatalog) -> Incident | Rejected:
+    """Turn a routed alert into an Incident, or a Rejected with a reason (no alert text in it)."""
+    labels = alert.labels
+    node_label = next((n for n in rule.node_labels if n in labels), None)
+    if node_label is None:
+        return Rejected(f"no node label (looked for {', '.join(rule.node_labels)})")
+    try:
+        node = validate_node_name(labels[node_label], field=f"label {node_label}")
+    except ValidationError:
+        return Rejected(f"label {node_label} is not a valid node name")
+    raw_xid = labels.get(rule.xid_label)
+    if raw_xid is not None and _SMALL_INT.match(raw_xid) and 0 < int(raw_xid) < 1000:
+        xid = int(raw_xid)
+    elif raw_xid is None and rule.tier is not None:
+        xid = 0
+    else:
+        return Rejected(f"label {rule.xid_label} is missing or not an XID number")
+    raw_gpu = labels.get(rule.gpu_label)
+    gpu = int(raw_gpu) if raw_gpu is not None and _SMALL_INT.match(raw_gpu) and int(raw_gpu) < 64 else None
+    tier = rule.tier or catalog.tier_of(xid)
+    parts = [rule.fault_class + (":notify" if tier is Tier.NOTIFY else "")]
+    parts += [_SAFE_KEY.sub("_", labels.get(k, ""))[:64] for k in rule.group_by if k not in rule.node_labels]
+    return Incident(
+        node=node,
+        gpu=gpu,
+        xid=xid,
+        fingerprint=alert.fingerprint,
+        tier=tier,
+        fault_class="/".join(parts),
+        status=alert.status,
+        starts_at=alert.startsAt.timestamp(),
+        alertname=labels.get("alertname", ""),
+        rule=rule,
+    )
+
+
+class Intake:
+    """Records a webhook delivery in the journal, deduplicating into incidents, atomically."""
+
+    def __init__(
+        self, journal: Journal, rules: Rules, catalog: XidCatalog, dedup_window_seconds: int
+    ) -> None:
+        self.journal = journal
+        self.rules = rules
+        self.catalog = catalog
+        self.dedup_window = dedup_window_seconds
+
+    def route(self, payload: WebhookPayload) -> list[Routed]:
+        """Route and normalise every alert (no I/O).
+
+        Raises PayloadError (nothing to record) when alerts matched rules but none was usable,
+        so a payload made only of hostile alerts is refused with a 4xx.
+        """
+        routed: list[Routed] = []
+        for alert in payload.alerts:
+            rule = self.rules.route(alert.labels)
+            routed.append((alert, None if rule is None else normalise(alert, rule, self.catalog)))
+        usable = [x for _, x in routed if isinstance(x, Incident)]
+        rejected = [x for _, x in routed if isinstance(x, Rejected)]
+        if rejected and not usable:
+            raise PayloadError("no usable alert: " + "; ".join(sorted({r.reason for r in rejected})))
+        return routed
+
+    def record(self, payload: WebhookPayload, now: float | None = None) -> DeliveryResult:
+        """Journal every alert and open or join incidents; one transaction, all or nothing."""
+        routed = self.route(payload)
+        with self.journal.transaction(now) as tx:
+            return self.apply(tx, routed)
+
+    def apply(self, tx: Tx, routed: list[Routed]) -> DeliveryResult:
+        """Write one routed delivery inside the caller's transaction (dedup happens here)."""
+        result = DeliveryResult()
+        for alert, facts in routed:
+
+            def log(outcome: str, reason: str = "", incident_id: str | None = None, a: Alert = alert) -> None:
+                tx.add_alert(
+                    fingerprint=a.fingerprint,
+                    starts_at=a.startsAt.timestamp(),
+                    status=a.status,
+                    alertname=a.labels.get("alertname", ""),
+                    labels=dict(a.labels),
+                    outcome=outcome,
+                    reason=reason,
+                    incident_id=incident_id,
+                )
+
+            if facts is None:
+                result.unrouted += 1
+                log("unrouted")
+                continue
+            if isinstance(facts, Rejected):
+                result.rejected += 1
+                log("rejected", facts.reason)
+                continue
+            window = facts.rule.dedup_window_seconds
+            window = self.dedup_window if window is None else window
+            existing_id = tx.incident_of_alert(facts.fingerprint, facts.starts_at)
+            existing = tx.get(existing_id) if existing_id else None
+            if existing is None or (existing.node, existing.fault_class) != (facts.node, facts.fault_class):
+                existing = tx.find_joinable(facts.node, facts.fault_class, tx.now - window)
+            resolved = facts.status == "resolved"
+            if existing is not None:
+                upgrade = facts.tier.value if Tier(existing.tier).rank < facts.tier.rank else None
+                tx.join(existing.id, resolved=resolved, tier=upgrade)
+                if resolved:
+                    tx.timeline(existing.id, "alert_resolved", "ok", source="alertmanager")
+                log("joined", incident_id=existing.id)
+                if existing.id not in result.joined and existing.id not in result.created:
+                    result.joined.append(existing.id)
+            elif resolved:
+                result.resolved_unmatched += 1
+                log("resolved_unmatched")
+            else:
+                iid = tx.create_incident(
+                    node=facts.node,
+                    gpu=facts.gpu,
+                    xid=facts.xid,
+                    fault_class=facts.fault_class,
+                    tier=facts.tier.value,
+                    fingerprint=facts.fingerprint,
+                    rule=facts.rule.name,
+                    playbook=facts.rule.playbook,
+                    extra_vars=facts.rule.extra_vars,
+                    rule_dry_run=facts.rule.dry_run,
+                )
+                log("incident", incident_id=iid)
+                result.created.append(iid)
+        return result

@@ -1,0 +1,601 @@
+"""The SQLite journal: the runner's memory and its queue.
+
+Everything the runner knows is here, written before it is acknowledged: the alerts received, the
+incidents they opened or joined, the policy decisions, each ansible-runner run and step, and each
+incident's timeline (received -> fenced -> jobs_signalled -> requeued -> drained ->
+replacement_ready -> resolved). Because the queue *is* the incidents table, a runner that is killed
+loses nothing: on start it reads back what was admitted or running and resumes it. WAL mode lets the
+CLI read (and pause, cancel, reset the breaker) from another process while the server writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from remediation.errors import JournalError
+
+OPEN_STATES = ("pending", "admitted", "running", "held")
+CLOSED_STATES = ("completed", "failed", "cancelled", "quarantined", "notified")
+STATES = OPEN_STATES + CLOSED_STATES
+TIMELINE_PHASES = (
+    "received",
+    "fenced",
+    "jobs_signalled",
+    "requeued",
+    "drained",
+    "replacement_ready",
+    "resolved",
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS alerts (
+    id INTEGER PRIMARY KEY,
+    received_at REAL NOT NULL,
+    fingerprint TEXT NOT NULL,
+    starts_at REAL NOT NULL,
+    status TEXT NOT NULL,
+    alertname TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    incident_id TEXT
+);
+CREATE INDEX IF NOT EXISTS alerts_identity ON alerts (fingerprint, starts_at);
+CREATE TABLE IF NOT EXISTS incidents (
+    id TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    gpu INTEGER,
+    xid INTEGER NOT NULL,
+    fault_class TEXT NOT NULL,
+    tier TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    rule TEXT NOT NULL,
+    playbook TEXT NOT NULL,
+    extra_vars TEXT NOT NULL DEFAULT '{}',
+    rule_dry_run INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    opt_out INTEGER NOT NULL DEFAULT 0,
+    dry_run INTEGER NOT NULL DEFAULT 0,
+    alert_count INTEGER NOT NULL DEFAULT 1,
+    resolved_alerts INTEGER NOT NULL DEFAULT 0,
+    opened_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    closed_at REAL,
+    run_id INTEGER,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    source TEXT NOT NULL DEFAULT 'alertmanager'
+);
+CREATE INDEX IF NOT EXISTS incidents_key ON incidents (node, fault_class, state);
+CREATE INDEX IF NOT EXISTS incidents_state ON incidents (state, opened_at);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    playbook TEXT NOT NULL,
+    incident_ids TEXT NOT NULL,
+    nodes TEXT NOT NULL,
+    check_mode INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    rc INTEGER,
+    started_at REAL NOT NULL,
+    finished_at REAL,
+    owner_pid INTEGER NOT NULL,
+    play_pid INTEGER,
+    private_dir TEXT NOT NULL DEFAULT '',
+    events_path TEXT NOT NULL DEFAULT '',
+    events_offset INTEGER NOT NULL DEFAULT 0,
+    source TEXT NOT NULL DEFAULT 'worker',
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS steps (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER NOT NULL,
+    task TEXT NOT NULL,
+    host TEXT NOT NULL,
+    status TEXT NOT NULL,
+    changed INTEGER NOT NULL DEFAULT 0,
+    started_at REAL,
+    finished_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS steps_run ON steps (run_id);
+CREATE TABLE IF NOT EXISTS timeline (
+    id INTEGER PRIMARY KEY,
+    incident_id TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    status TEXT NOT NULL,
+    ts REAL NOT NULL,
+    run_id INTEGER,
+    source TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS timeline_incident ON timeline (incident_id, ts);
+CREATE TABLE IF NOT EXISTS settings (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    actor TEXT NOT NULL DEFAULT ''
+);
+"""
+
+
+@dataclass(frozen=True)
+class IncidentRecord:
+    """One row of the incidents table."""
+
+    id: str
+    node: str
+    gpu: int | None
+    xid: int
+    fault_class: str
+    tier: str
+    fingerprint: str
+    rule: str
+    playbook: str
+    extra_vars: dict[str, Any]
+    rule_dry_run: bool
+    state: str
+    reason: str
+    opt_out: bool
+    dry_run: bool
+    alert_count: int
+    resolved_alerts: int
+    opened_at: float
+    updated_at: float
+    closed_at: float | None
+    run_id: int | None
+    cancel_requested: bool
+    source: str
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in OPEN_STATES
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One ansible-runner invocation (a batch of incidents, or a play run by hand)."""
+
+    id: int
+    playbook: str
+    incident_ids: list[str]
+    nodes: list[str]
+    check_mode: bool
+    status: str
+    rc: int | None
+    started_at: float
+    finished_at: float | None
+    owner_pid: int
+    play_pid: int | None
+    private_dir: str
+    events_path: str
+    events_offset: int
+    source: str
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    incident_id: str
+    phase: str
+    status: str
+    ts: float
+    run_id: int | None
+    source: str
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+def _incident(row: sqlite3.Row) -> IncidentRecord:
+    d = dict(row)
+    d["extra_vars"] = json.loads(d["extra_vars"])
+    for key in ("rule_dry_run", "opt_out", "dry_run", "cancel_requested"):
+        d[key] = bool(d[key])
+    return IncidentRecord(**d)
+
+
+def _run(row: sqlite3.Row) -> RunRecord:
+    d = dict(row)
+    d["incident_ids"] = json.loads(d["incident_ids"])
+    d["nodes"] = json.loads(d["nodes"])
+    d["check_mode"] = bool(d["check_mode"])
+    return RunRecord(**d)
+
+
+def new_incident_id() -> str:
+    """A short random id, safe to pass to a play and to type on a command line."""
+    return "inc-" + uuid.uuid4().hex[:12]
+
+
+class Tx:
+    """Operations inside one journal transaction (see Journal.transaction)."""
+
+    def __init__(self, conn: sqlite3.Connection, now: float) -> None:
+        self.conn = conn
+        self.now = now
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A nested all-or-nothing part of the transaction (one delivery of a group commit)."""
+        self.conn.execute("SAVEPOINT part")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK TO part")
+            self.conn.execute("RELEASE part")
+            raise
+        self.conn.execute("RELEASE part")
+
+    # alerts -----------------------------------------------------------------------------------
+    def add_alert(
+        self,
+        *,
+        fingerprint: str,
+        starts_at: float,
+        status: str,
+        alertname: str,
+        labels: dict[str, str],
+        outcome: str,
+        reason: str = "",
+        incident_id: str | None = None,
+    ) -> None:
+        self.conn.execute(
+            "INSERT INTO alerts (received_at, fingerprint, starts_at, status, alertname, labels,"
+            " outcome, reason, incident_id) VALUES (?,?,?,?,?,?,?,?,?)",
+            (
+                self.now,
+                fingerprint,
+                starts_at,
+                status,
+                alertname,
+                json.dumps(labels, sort_keys=True),
+                outcome,
+                reason,
+                incident_id,
+            ),
+        )
+
+    def incident_of_alert(self, fingerprint: str, starts_at: float) -> str | None:
+        row = self.conn.execute(
+            "SELECT incident_id FROM alerts WHERE fingerprint=? AND starts_at=? AND"
+            " incident_id IS NOT NULL ORDER BY id DESC LIMIT 1",
+            (fingerprint, starts_at),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    # incidents --------------------------------------------------------------------------------
+    def find_joinable(self, node: str, fault_class: str, closed_since: float) -> IncidentRecord | None:
+        """The open incident for (node, fault class), else one closed at or after `closed_since`."""
+        marks = ",".join("?" * len(OPEN_STATES))
+        row = self.conn.execute(
+            f"SELECT * FROM incidents WHERE node=? AND fault_class=? AND (state IN ({marks})"  # noqa: S608
+            " OR closed_at >= ?) ORDER BY (state IN ('pending','admitted','running','held')) DESC,"
+            " opened_at DESC LIMIT 1",
+            (node, fault_class, *OPEN_STATES, closed_since),
+        ).fetchone()
+        return None if row is None else _incident(row)
+
+    def get(self, incident_id: str) -> IncidentRecord | None:
+        row = self.conn.execute("SELECT * FROM incidents WHERE id=?", (incident_id,)).fetchone()
+        return None if row is None else _incident(row)
+
+    def create_incident(
+        self,
+        *,
+        node: str,
+        gpu: int | None,
+        xid: int,
+        fault_class: str,
+        tier: str,
+        fingerprint: str,
+        rule: str,
+        playbook: str,
+        extra_vars: dict[str, Any],
+        rule_dry_run: bool,
+        state: str = "pending",
+        source: str = "alertmanager",
+        incident_id: str | None = None,
+    ) -> str:
+        iid = incident_id or new_incident_id()
+        self.conn.execute(
+            "INSERT INTO incidents (id, node, gpu, xid, fault_class, tier, fingerprint, rule,"
+            " playbook, extra_vars, rule_dry_run, state, opened_at, updated_at, source)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                iid,
+                node,
+                gpu,
+                xid,
+                fault_class,
+                tier,
+                fingerprint,
+                rule,
+                playbook,
+                json.dumps(extra_vars, sort_keys=True),
+                int(rule_dry_run),
+                state,
+                self.now,
+                self.now,
+                source,
+            ),
+        )
+        self.timeline(iid, "received", "ok", source="runner")
+        return iid
+
+    def join(self, incident_id: str, *, resolved: bool, tier: str | None = None) -> None:
+        self.conn.execute(
+            "UPDATE incidents SET alert_count = alert_count + 1,"
+            " resolved_alerts = resolved_alerts + ?, updated_at=?,"
+            " tier = CASE WHEN ? IS NOT NULL AND state IN ('pending','held') THEN ? ELSE tier END"
+            " WHERE id=?",
+            (int(resolved), self.now, tier, tier, incident_id),
+        )
+
+    def set_state(self, incident_id: str, state: str, reason: str = "", **fields: Any) -> None:
+        if state not in STATES:
+            raise JournalError(f"unknown incident state {state!r}")
+        sets = ["state=?", "reason=?", "updated_at=?"]
+        args: list[Any] = [state, reason, self.now]
+        if state in CLOSED_STATES:
+            sets.append("closed_at=?")
+            args.append(self.now)
+        for key, value in fields.items():
+            if key not in ("opt_out", "dry_run", "tier", "run_id", "cancel_requested"):
+                raise JournalError(f"cannot set incident field {key!r}")
+            sets.append(f"{key}=?")
+            args.append(int(value) if isinstance(value, bool) else value)
+        args.append(incident_id)
+        self.conn.execute(f"UPDATE incidents SET {', '.join(sets)} WHERE id=?", args)  # noqa: S608
+
+    # timeline and runs ------------------------------------------------------------------------
+    def timeline(
+        self,
+        incident_id: str,
+        phase: str,
+        status: str,
+        *,
+        source: str,
+        ts: float | None = None,
+        run_id: int | None = None,
+        detail: str = "",
+    ) -> None:
+        self.conn.execute(
+            "INSERT INTO timeline (incident_id, phase, status, ts, run_id, source, detail)"
+            " VALUES (?,?,?,?,?,?,?)",
+            (incident_id, phase, status, self.now if ts is None else ts, run_id, source, detail),
+        )
+
+    def create_run(
+        self,
+        *,
+        playbook: str,
+        incident_ids: Sequence[str],
+        nodes: Sequence[str],
+        check_mode: bool,
+        source: str,
+        private_dir: str = "",
+        events_path: str = "",
+    ) -> int:
+        cur = self.conn.execute(
+            "INSERT INTO runs (playbook, incident_ids, nodes, check_mode, status, started_at,"
+            " owner_pid, private_dir, events_path, source) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (
+                playbook,
+                json.dumps(list(incident_ids)),
+                json.dumps(list(nodes)),
+                int(check_mode),
+                "running",
+                self.now,
+                _pid(),
+                private_dir,
+                events_path,
+                source,
+            ),
+        )
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)
+
+    def update_run(self, run_id: int, **fields: Any) -> None:
+        allowed = {
+            "status",
+            "rc",
+            "finished_at",
+            "play_pid",
+            "private_dir",
+            "events_path",
+            "events_offset",
+            "detail",
+        }
+        if not fields or not set(fields) <= allowed:
+            raise JournalError(f"cannot set run fields {sorted(set(fields) - allowed)}")
+        sets = ", ".join(f"{k}=?" for k in fields)
+        self.conn.execute(f"UPDATE runs SET {sets} WHERE id=?", (*fields.values(), run_id))  # noqa: S608
+
+    def add_step(
+        self,
+        *,
+        run_id: int,
+        task: str,
+        host: str,
+        status: str,
+        changed: bool,
+        started_at: float | None,
+        finished_at: float,
+    ) -> None:
+        self.conn.execute(
+            "INSERT INTO steps (run_id, task, host, status, changed, started_at, finished_at)"
+            " VALUES (?,?,?,?,?,?,?)",
+            (run_id, task[:200], host[:253], status, int(changed), started_at, finished_at),
+        )
+
+    def set_setting(self, key: str, value: Any, actor: str = "") -> None:
+        self.conn.execute(
+            "INSERT INTO settings (key, value, updated_at, actor) VALUES (?,?,?,?)"
+            " ON CONFLICT(key) DO UPDATE SET value=excluded.value, updated_at=excluded.updated_at,"
+            " actor=excluded.actor",
+            (key, json.dumps(value), self.now, actor),
+        )
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+class Journal:
+    """A thread-safe handle on the journal database (one connection, serialised by a lock)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            # FULL: a commit is on disk (WAL fsynced) before the webhook answers 2xx.
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.execute("PRAGMA busy_timeout=30000")
+            self._conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise JournalError(f"journal {path}: cannot open: {exc}") from exc
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @contextmanager
+    def transaction(self, now: float | None = None) -> Iterator[Tx]:
+        """One atomic, durable write; raises JournalError (nothing written) on failure."""
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise JournalError(f"journal {self.path}: cannot begin: {exc}") from exc
+            try:
+                yield Tx(self._conn, time.time() if now is None else now)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._conn.execute("ROLLBACK")
+                raise JournalError(f"journal {self.path}: commit failed: {exc}") from exc
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            try:
+                return list(self._conn.execute(sql, args).fetchall())
+            except sqlite3.Error as exc:
+                raise JournalError(f"journal {self.path}: query failed: {exc}") from exc
+
+    # reads ------------------------------------------------------------------------------------
+    def incident(self, incident_id: str) -> IncidentRecord | None:
+        rows = self._query("SELECT * FROM incidents WHERE id=?", (incident_id,))
+        return _incident(rows[0]) if rows else None
+
+    def incidents(self, states: Sequence[str] | None = None, limit: int = 1000) -> list[IncidentRecord]:
+        if states:
+            marks = ",".join("?" * len(states))
+            rows = self._query(
+                f"SELECT * FROM incidents WHERE state IN ({marks}) ORDER BY opened_at, id LIMIT ?",  # noqa: S608
+                (*states, limit),
+            )
+        else:
+            rows = self._query(
+                "SELECT * FROM (SELECT * FROM incidents ORDER BY opened_at DESC LIMIT ?) ORDER BY opened_at",
+                (limit,),
+            )
+        return [_incident(r) for r in rows]
+
+    def cancel_requests(self) -> list[IncidentRecord]:
+        """Open incidents an on-call engineer asked to cancel."""
+        rows = self._query(
+            "SELECT * FROM incidents WHERE cancel_requested=1 AND state IN"
+            " ('pending','admitted','held') ORDER BY opened_at"
+        )
+        return [_incident(r) for r in rows]
+
+    def count_states(self) -> dict[str, int]:
+        rows = self._query("SELECT state, COUNT(*) FROM incidents GROUP BY state")
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    def count_node_incidents(self, node: str, since: float) -> int:
+        """Fatal (not notify-only) incidents opened on `node` at or after `since`; manual runs
+        by on-call do not count."""
+        rows = self._query(
+            "SELECT COUNT(*) FROM incidents WHERE node=? AND opened_at >= ?"
+            " AND source != 'manual' AND tier != 'notify'",
+            (node, since),
+        )
+        return int(rows[0][0])
+
+    def timeline(self, incident_id: str) -> list[TimelineEntry]:
+        rows = self._query(
+            "SELECT incident_id, phase, status, ts, run_id, source, detail FROM timeline"
+            " WHERE incident_id=? ORDER BY ts, id",
+            (incident_id,),
+        )
+        return [TimelineEntry(**dict(r)) for r in rows]
+
+    def done_phases(self, incident_id: str) -> list[str]:
+        """Phases the play reported finished (status ok) for this incident, in order."""
+        rows = self._query(
+            "SELECT phase FROM timeline WHERE incident_id=? AND status='ok' AND source='play'"
+            " GROUP BY phase ORDER BY MIN(ts)",
+            (incident_id,),
+        )
+        return [str(r[0]) for r in rows]
+
+    def run(self, run_id: int) -> RunRecord | None:
+        rows = self._query("SELECT * FROM runs WHERE id=?", (run_id,))
+        return _run(rows[0]) if rows else None
+
+    def runs(self, status: str | None = None) -> list[RunRecord]:
+        if status:
+            rows = self._query("SELECT * FROM runs WHERE status=? ORDER BY id", (status,))
+        else:
+            rows = self._query("SELECT * FROM runs ORDER BY id")
+        return [_run(r) for r in rows]
+
+    def runs_of(self, incident_id: str) -> list[RunRecord]:
+        rows = self._query(
+            "SELECT runs.* FROM runs, json_each(runs.incident_ids) AS j WHERE j.value=? ORDER BY runs.id",
+            (incident_id,),
+        )
+        return [_run(r) for r in rows]
+
+    def steps(self, run_id: int) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._query("SELECT * FROM steps WHERE run_id=? ORDER BY id", (run_id,))]
+
+    def alerts(self, incident_id: str | None = None) -> list[dict[str, Any]]:
+        if incident_id is None:
+            rows = self._query("SELECT * FROM alerts ORDER BY id")
+        else:
+            rows = self._query("SELECT * FROM alerts WHERE incident_id=? ORDER BY id", (incident_id,))
+        return [dict(r) for r in rows]
+
+    def setting(self, key: str, default: Any = None) -> Any:
+        rows = self._query("SELECT value FROM settings WHERE key=?", (key,))
+        return json.loads(rows[0][0]) if rows else default
+
+    def settings(self) -> dict[str, dict[str, Any]]:
+        rows = self._query("SELECT key, value, updated_at, actor FROM settings")
+        return {str(r[0]): {"value": json.loads(r[1]), "updated_at": r[2], "actor": r[3]} for r in rows}

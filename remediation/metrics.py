@@ -1,0 +1,90 @@
+"""Prometheus metrics of the runner, in a registry of its own (several apps can live in one test).
+
+Counters and histograms are updated where things happen; gauges that mirror the journal (queue
+depth, breaker, budget in use, pause) are refreshed from it at scrape time, so they are right even
+when another process (the CLI) changed the journal.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from remediation.journal import Journal
+
+PHASE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.webhook_requests = Counter(
+            "autoheal_webhook_requests_total", "Webhook deliveries by HTTP status code.", ["code"], registry=r
+        )
+        self.webhook_latency = Histogram(
+            "autoheal_webhook_request_duration_seconds",
+            "Time to validate and journal one webhook delivery.",
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+        )
+        self.alerts = Counter(
+            "autoheal_alerts_received_total",
+            "Alerts received, by what became of them (incident, joined, unrouted, rejected).",
+            ["outcome"],
+            registry=r,
+        )
+        self.incidents = Counter(
+            "autoheal_incidents_total",
+            "Incidents that reached a final state, by tier and outcome.",
+            ["tier", "outcome"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "autoheal_policy_decisions_total", "Policy decisions by action.", ["action"], registry=r
+        )
+        self.phase_duration = Histogram(
+            "autoheal_incident_phase_duration_seconds",
+            "Time from an incident's receipt to the end of each phase.",
+            ["phase"],
+            buckets=PHASE_BUCKETS,
+            registry=r,
+        )
+        self.runs = Counter(
+            "autoheal_playbook_runs_total", "ansible-runner runs by final status.", ["status"], registry=r
+        )
+        self.run_duration = Histogram(
+            "autoheal_playbook_run_duration_seconds",
+            "Duration of one playbook run.",
+            buckets=PHASE_BUCKETS,
+            registry=r,
+        )
+        self.notifications = Counter(
+            "autoheal_notifications_total",
+            "Notifications by sink kind and outcome.",
+            ["sink", "outcome"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "autoheal_queue_depth", "Incidents waiting: pending, admitted or held.", registry=r
+        )
+        self.breaker_open = Gauge(
+            "autoheal_circuit_breaker_open", "1 while the circuit breaker is open.", registry=r
+        )
+        self.paused = Gauge("autoheal_paused", "1 while the runner is paused.", registry=r)
+        self.budget_in_use = Gauge(
+            "autoheal_budget_nodes_in_use", "Nodes in remediation now (admitted or running).", registry=r
+        )
+        self.budget_limit = Gauge("autoheal_budget_nodes_limit", "Fleet-wide node budget (N).", registry=r)
+
+    def refresh(self, journal: Journal, budget_limit: int) -> None:
+        from remediation.policy import BREAKER_KEY, PAUSE_KEY
+
+        counts = journal.count_states()
+        self.queue_depth.set(sum(counts.get(s, 0) for s in ("pending", "admitted", "held")))
+        self.budget_in_use.set(sum(counts.get(s, 0) for s in ("admitted", "running")))
+        self.budget_limit.set(budget_limit)
+        breaker = journal.setting(BREAKER_KEY) or {}
+        self.breaker_open.set(1 if isinstance(breaker, dict) and breaker.get("open") else 0)
+        self.paused.set(1 if journal.setting(PAUSE_KEY, False) else 0)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,57 @@
+"""Wiring: build the journal, rules, policy, executor, worker and app from one RunnerConfig.
+
+Kept apart from app.py so the CLI, the tests and the benchmark assemble the runner the same way.
+"""
+
+from __future__ import annotations
+
+from autoheal.xid import load_catalog
+from remediation.app import Runtime
+from remediation.auth import load_token
+from remediation.committer import GroupCommitter
+from remediation.config import RunnerConfig
+from remediation.executor import Executor
+from remediation.incidents import Intake
+from remediation.journal import Journal
+from remediation.kube import KubeView, make_kube
+from remediation.metrics import Metrics
+from remediation.notify import Notifier
+from remediation.policy import Policy
+from remediation.rules import load_rules
+from remediation.worker import Worker
+
+
+def make_executor(cfg: RunnerConfig) -> Executor:
+    return Executor(
+        cfg.playbook_dir,
+        cfg.state_dir,
+        step_timeout=cfg.step_timeout_seconds,
+        run_timeout=cfg.run_timeout_seconds,
+        python=cfg.ansible_python,
+    )
+
+
+def build(cfg: RunnerConfig, *, kube: KubeView | None = None, with_worker: bool = True) -> Runtime:
+    """Everything `serve` runs; `kube` replaces the configured cluster (tests use FakeKube)."""
+    catalog = load_catalog()
+    journal = Journal(cfg.journal_path)
+    rules = load_rules(cfg.rules_file)
+    metrics = Metrics()
+    notifier = Notifier(cfg.notify, metrics)
+    worker = None
+    if with_worker:
+        policy = Policy(cfg, journal, kube if kube is not None else make_kube(cfg.kubeconfig), catalog)
+        worker = Worker(cfg, journal, policy, make_executor(cfg), metrics, notifier)
+    intake = Intake(journal, rules, catalog, cfg.dedup_window_seconds)
+    return Runtime(
+        config=cfg,
+        journal=journal,
+        intake=intake,
+        committer=GroupCommitter(journal, intake),
+        metrics=metrics,
+        token=load_token(cfg.token_file),
+        max_body_bytes=cfg.max_body_bytes,
+        budget_limit=cfg.budgets.max_nodes,
+        worker=worker,
+        notifier=notifier,
+    )

@@ -1,0 +1,441 @@
+"""The queue consumer: policy decisions, batching, runs, and resuming after a crash.
+
+The queue is the journal's incidents table. Each tick: apply on-call cancels; unless paused, decide
+pending incidents (policy), then group admitted incidents that share a playbook and inputs into
+batches and start them (bounded by `max_concurrent_runs`, each under its nodes' locks). A finished
+run closes its incidents (completed, quarantined, failed) from the play's own phase reports.
+
+On start, `recover()` finds runs a dead runner left "running": it stops the orphaned
+ansible-playbook, ingests the phases the play reported before the crash, marks the run interrupted
+and puts its incidents back as admitted. The rerun gets `autoheal_done_phases`, so a play skips
+every phase that already finished: no finished destructive step is repeated.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import IO
+
+from remediation.config import RunnerConfig
+from remediation.errors import ExecutionError, NodeBusyError, RemediationError
+from remediation.executor import (
+    Executor,
+    PhaseEvent,
+    PlayVars,
+    find_plays,
+    read_events,
+    stop_play,
+)
+from remediation.journal import IncidentRecord, Journal, RunRecord
+from remediation.metrics import Metrics
+from remediation.notify import Notifier
+from remediation.policy import BREAKER_KEY, PAUSE_KEY, Decision, Policy
+
+log = logging.getLogger(__name__)
+MIN_TICK_SECONDS = 0.05
+BatchKey = tuple[str, str, bool, bool, int, str]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Worker:
+    def __init__(
+        self,
+        config: RunnerConfig,
+        journal: Journal,
+        policy: Policy,
+        executor: Executor,
+        metrics: Metrics,
+        notifier: Notifier,
+    ) -> None:
+        self.config = config
+        self.journal = journal
+        self.policy = policy
+        self.executor = executor
+        self.metrics = metrics
+        self.notifier = notifier
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = ThreadPoolExecutor(config.max_concurrent_runs, "autoheal-run")
+        self._inflight: dict[int, Future[None]] = {}
+        self._inflight_nodes: set[str] = set()
+        self._lock = threading.Lock()
+        self.first_task_at: dict[str, float] = {}  # incident id -> first task start (benchmarks)
+
+    # lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Take the runner lock (one runner per state dir), resume leftovers, start the loop."""
+        self._take_runner_lock()
+        self.recover()
+        self._thread = threading.Thread(target=self._loop, name="autoheal-worker", daemon=True)
+        self._thread.start()
+
+    def _take_runner_lock(self) -> None:
+        path = self.config.state_dir / "runner.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = path.open("a")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise RemediationError(
+                f"another runner is working from {self.config.state_dir} (lock {path})"
+            ) from None
+        self._runner_lock: IO[str] | None = fh
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        lock = getattr(self, "_runner_lock", None)
+        if lock is not None:
+            lock.close()
+            self._runner_lock = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.config.poll_seconds)
+            # coalesce a burst of wake-ups (one per webhook) into one tick
+            self._stop.wait(MIN_TICK_SECONDS)
+            self._wake.clear()
+            try:
+                delay = self.tick()
+            except Exception:
+                log.exception("worker tick failed")
+                delay = self.config.poll_seconds
+            if delay is not None and delay > 0:
+                self._stop.wait(min(delay, self.config.poll_seconds))
+                self._wake.set()
+
+    # recovery ---------------------------------------------------------------------------------
+    def recover(self) -> list[int]:
+        """Resume what a dead runner left behind; returns the interrupted run ids."""
+        interrupted = []
+        for run in self.journal.runs("running"):
+            if run.owner_pid == os.getpid() or (run.source == "manual" and _alive(run.owner_pid)):
+                continue
+            for pid in {run.play_pid, *find_plays(run.private_dir)} - {None, 0}:
+                assert pid is not None
+                stop_play(pid)
+            self._ingest(run)
+            with self.journal.transaction() as tx:
+                tx.update_run(
+                    run.id,
+                    status="interrupted",
+                    finished_at=tx.now,
+                    detail="runner stopped during the run; resumed",
+                )
+                for iid in run.incident_ids:
+                    inc = tx.get(iid)
+                    if inc is not None and inc.state == "running":
+                        tx.set_state(iid, "admitted", inc.reason)
+                        tx.timeline(iid, "resumed", "ok", source="runner", run_id=run.id)
+            interrupted.append(run.id)
+        return interrupted
+
+    # one tick ---------------------------------------------------------------------------------
+    def tick(self) -> float | None:
+        """Do what can be done now; returns seconds until a batch window closes, if waiting."""
+        now = time.time()
+        self._apply_cancels()
+        if self.journal.setting(PAUSE_KEY, False):
+            return None
+        pending = self.journal.incidents(["pending"])
+        wait: float | None = None
+        if pending:
+            oldest = min(i.opened_at for i in pending)
+            left = self.config.batch_window_seconds - (now - oldest)
+            if left > 0:
+                wait = left
+            else:
+                decisions, tripped = self.policy.decide(pending, now)
+                self._apply(decisions, tripped, {i.id: i for i in pending})
+        self._start_batches()
+        return wait
+
+    def _apply_cancels(self) -> None:
+        for inc in self.journal.cancel_requests():
+            if inc.cancel_requested:
+                with self.journal.transaction() as tx:
+                    tx.set_state(inc.id, "cancelled", "cancelled by on-call")
+                    tx.timeline(inc.id, "cancelled", "ok", source="cli")
+                self._closed(inc, "cancelled", "cancelled by on-call")
+
+    def _apply(
+        self, decisions: list[Decision], tripped: str | None, incidents: dict[str, IncidentRecord]
+    ) -> None:
+        with self.journal.transaction() as tx:
+            if tripped:
+                tx.set_setting(
+                    BREAKER_KEY, {"open": True, "reason": tripped, "tripped_at": tx.now}, actor="policy"
+                )
+            for d in decisions:
+                if d.action == "wait":
+                    continue
+                if d.action == "notify":
+                    tx.set_state(d.incident_id, "notified", d.reason, dry_run=d.dry_run)
+                    tx.timeline(d.incident_id, "notified", "ok", source="runner", detail=d.reason)
+                elif d.action == "hold":
+                    tx.set_state(
+                        d.incident_id, "held", d.reason, tier=d.tier, opt_out=d.opt_out, dry_run=d.dry_run
+                    )
+                    tx.timeline(d.incident_id, "held", "ok", source="runner", detail=d.reason)
+                else:
+                    tx.set_state(
+                        d.incident_id, "admitted", d.reason, tier=d.tier, opt_out=d.opt_out, dry_run=d.dry_run
+                    )
+                    tx.timeline(d.incident_id, "admitted", "ok", source="runner", detail=d.reason)
+        for d in decisions:
+            self.metrics.decisions.labels(action=d.action).inc()
+            inc = incidents[d.incident_id]
+            if d.action == "notify":
+                self._closed(inc, "notified", d.reason, tier=d.tier)
+            elif d.action == "quarantine":
+                self.notifier.send(
+                    "incident.quarantined", incident=inc.id, node=inc.node, tier=d.tier, reason=d.reason
+                )
+        if tripped:
+            # one page for the storm, not one per held incident
+            held = sum(1 for d in decisions if d.action == "hold")
+            log.warning("circuit breaker tripped: %s (%d incidents held)", tripped, held)
+            self.notifier.send("breaker.tripped", reason=tripped, held=held)
+
+    # batches ----------------------------------------------------------------------------------
+    def _start_batches(self) -> None:
+        admitted = self.journal.incidents(["admitted"])
+        groups: dict[BatchKey, list[IncidentRecord]] = defaultdict(list)
+        for inc in admitted:
+            with self._lock:
+                if inc.node in self._inflight_nodes:
+                    continue
+            if self.executor.locks.busy(inc.node):  # e.g. `autoheal run` by hand
+                continue
+            key: BatchKey = (
+                inc.playbook,
+                inc.tier,
+                inc.opt_out,
+                inc.dry_run,
+                inc.xid,
+                repr(sorted(inc.extra_vars.items())),
+            )
+            if all(i.node != inc.node for i in groups[key]):
+                groups[key].append(inc)
+        for key, members in groups.items():
+            for start in range(0, len(members), self.config.max_batch):
+                with self._lock:
+                    if len(self._inflight) >= self.config.max_concurrent_runs:
+                        return
+                self._launch(key, members[start : start + self.config.max_batch])
+
+    def _launch(self, key: BatchKey, batch: list[IncidentRecord]) -> None:
+        playbook = key[0]
+        nodes = [i.node for i in batch]
+        with self.journal.transaction() as tx:
+            run_id = tx.create_run(
+                playbook=playbook,
+                incident_ids=[i.id for i in batch],
+                nodes=nodes,
+                check_mode=batch[0].dry_run,
+                source="worker",
+            )
+            events = self.executor.events_path(run_id)
+            tx.update_run(run_id, private_dir=str(self.executor.run_dir(run_id)), events_path=str(events))
+            for inc in batch:
+                tx.set_state(inc.id, "running", inc.reason, run_id=run_id)
+        with self._lock:
+            self._inflight_nodes.update(nodes)
+            self._inflight[run_id] = self._pool.submit(self._run, run_id, batch)
+
+    def _run(self, run_id: int, batch: list[IncidentRecord]) -> None:
+        try:
+            self.execute(run_id, batch)
+        except Exception as exc:
+            log.exception("run %s crashed", run_id)
+            try:  # never leave incidents "running" in silence: fail them and page
+                self._finish(run_id, batch, "error", None, f"runner error: {exc}")
+            except Exception:
+                log.exception("could not record the failure of run %s", run_id)
+        finally:
+            with self._lock:
+                self._inflight.pop(run_id, None)
+                self._inflight_nodes.difference_update(i.node for i in batch)
+            self._wake.set()
+
+    def execute(self, run_id: int, batch: list[IncidentRecord]) -> None:
+        """Run one batch under its node locks and close its incidents."""
+        run = self.journal.run(run_id)
+        assert run is not None
+        first = batch[0]
+        gpus = {i.gpu for i in batch}
+        play_vars = PlayVars(
+            nodes=tuple(i.node for i in batch),
+            incident_ids=tuple(i.id for i in batch),
+            xid=first.xid,
+            gpu=gpus.pop() if len(gpus) == 1 else None,
+            tier=first.tier,
+            opt_out=first.opt_out,
+            dry_run=first.dry_run,
+            grace_seconds=self.config.grace_seconds,
+            journal_events=Path(run.events_path),
+            done_phases={i.node: self.journal.done_phases(i.id) for i in batch},
+            extra={**self.config.play_vars, **first.extra_vars},
+        )
+        started = time.time()
+        try:
+            with self.executor.locks.hold(play_vars.nodes):
+                outcome = self.executor.run(
+                    run_id,
+                    run.playbook,
+                    play_vars,
+                    on_pid=lambda pid: self._tx_run(run_id, play_pid=pid),
+                    on_step=lambda task, host, status, changed, t0, t1: self._step(
+                        run_id, task, host, status, changed, t0, t1
+                    ),
+                    on_tick=lambda: self._tick_run(run_id),
+                )
+        except NodeBusyError as exc:
+            with self.journal.transaction() as tx:
+                tx.update_run(run_id, status="skipped", finished_at=tx.now, detail=str(exc))
+                for inc in batch:
+                    tx.set_state(inc.id, "admitted", inc.reason)
+            return
+        except ExecutionError as exc:
+            outcome_status, detail = "error", str(exc)
+            self._finish(run_id, batch, outcome_status, None, detail)
+            return
+        for iid in play_vars.incident_ids:
+            if outcome.first_task_at is not None:
+                self.first_task_at[iid] = outcome.first_task_at
+        self.metrics.run_duration.observe(time.time() - started)
+        self._finish(run_id, batch, outcome.status, outcome.rc, outcome.detail)
+
+    def _tx_run(self, run_id: int, **fields: object) -> None:
+        with self.journal.transaction() as tx:
+            tx.update_run(run_id, **fields)
+
+    def _step(
+        self, run_id: int, task: str, host: str, status: str, changed: bool, t0: float | None, t1: float
+    ) -> None:
+        with self.journal.transaction() as tx:
+            tx.add_step(
+                run_id=run_id,
+                task=task,
+                host=host,
+                status=status,
+                changed=changed,
+                started_at=t0,
+                finished_at=t1,
+            )
+
+    def _tick_run(self, run_id: int) -> bool:
+        """Ingest new phase reports; True (cancel) when every incident of the run is cancelled."""
+        run = self.journal.run(run_id)
+        if run is None:
+            return True
+        self._ingest(run)
+        incs = [self.journal.incident(i) for i in run.incident_ids]
+        return any(i is not None and i.cancel_requested for i in incs)
+
+    def _ingest(self, run: RunRecord) -> list[PhaseEvent]:
+        if not run.events_path:
+            return []
+        allowed = {}
+        for iid, node in zip(run.incident_ids, run.nodes, strict=True):
+            allowed[iid] = node
+        events, offset = read_events(Path(run.events_path), run.events_offset, allowed)
+        if offset == run.events_offset:
+            return []
+        opened = {}
+        with self.journal.transaction() as tx:
+            for ev in events:
+                tx.timeline(
+                    ev.incident, ev.phase, ev.status, source="play", ts=ev.ts, run_id=run.id, detail=ev.detail
+                )
+                if ev.status == "ok" and ev.incident not in opened:
+                    inc = tx.get(ev.incident)
+                    opened[ev.incident] = inc.opened_at if inc else ev.ts
+            tx.update_run(run.id, events_offset=offset)
+        for ev in events:
+            if ev.status == "ok":
+                self.metrics.phase_duration.labels(phase=ev.phase).observe(
+                    max(0.0, ev.ts - opened[ev.incident])
+                )
+        return events
+
+    def _finish(
+        self, run_id: int, batch: list[IncidentRecord], status: str, rc: int | None, detail: str
+    ) -> None:
+        run = self.journal.run(run_id)
+        assert run is not None
+        self._ingest(run)
+        self.metrics.runs.labels(status=status).inc()
+        closed: list[tuple[IncidentRecord, str, str]] = []
+        with self.journal.transaction() as tx:
+            tx.update_run(run_id, status=status, rc=rc, finished_at=tx.now, detail=detail)
+            for old in batch:
+                inc = tx.get(old.id)
+                if inc is None:
+                    continue
+                failed_phases = [
+                    e.phase + (f" ({e.detail[:200]})" if e.detail else "")
+                    for e in self.journal.timeline(inc.id)
+                    if e.run_id == run_id and e.status == "failed" and e.source == "play"
+                ]
+                if inc.cancel_requested:
+                    state, reason = "cancelled", "cancelled by on-call"
+                elif status == "canceled":
+                    # cancelled for another incident of the batch: run again, skipping done phases
+                    tx.set_state(inc.id, "admitted", inc.reason)
+                    tx.timeline(inc.id, "requeued_by_cancel", "ok", source="runner", run_id=run_id)
+                    continue
+                elif status == "successful" and not failed_phases:
+                    state = "quarantined" if inc.reason.startswith("quarantine") else "completed"
+                    reason = inc.reason + (" (dry run)" if inc.dry_run else "")
+                    if "resolved" not in self.journal.done_phases(inc.id):
+                        tx.timeline(inc.id, "resolved", "ok", source="runner", run_id=run_id)
+                else:
+                    what = f"phase {failed_phases[0]} failed" if failed_phases else f"play {status} (rc={rc})"
+                    state, reason = "failed", f"{what}{': ' + detail if detail else ''}"
+                    tx.timeline(inc.id, "escalated", "ok", source="runner", run_id=run_id, detail=reason)
+                tx.set_state(inc.id, state, reason)
+                closed.append((inc, state, reason))
+        for inc, state, reason in closed:
+            self._closed(inc, state, reason)
+
+    def _closed(self, inc: IncidentRecord, state: str, reason: str, tier: str | None = None) -> None:
+        self.metrics.incidents.labels(tier=tier or inc.tier, outcome=state).inc()
+        event = {
+            "failed": "incident.failed",
+            "cancelled": "incident.cancelled",
+            "quarantined": "incident.quarantined",
+            "notified": "incident.notify",
+            "completed": "incident.completed",
+        }.get(state, "incident." + state)
+        self.notifier.send(
+            event, incident=inc.id, node=inc.node, tier=tier or inc.tier, state=state, reason=reason
+        )

@@ -1,0 +1,156 @@
+"""Helpers for the runner's tests: a config in a tmp dir, payload builders, waiting.
+
+(Named uniquely so pytest's rootdir imports cannot collide with other test folders.)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from remediation.config import RunnerConfig, parse_config
+
+HERE = Path(__file__).parent
+PLAYBOOKS = HERE / "playbooks"
+# A verbatim copy of shared/fixtures/alertmanager-0.25-webhook-v4-firing.json (a real payload
+# captured from Alertmanager 0.25), kept here so the tests do not depend on where shared/ is.
+FIXTURE = HERE / "fixtures" / "alertmanager-0.25-webhook-v4-firing.json"
+TOKEN = "s3cret-token-for-tests-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+RULES = [
+    {
+        "name": "test rules",
+        "hosts": "all",
+        "rules": [
+            {
+                "name": "GPU fatal XID",
+                "condition": 'event.alert.labels.alertname == "GpuXidFatal"',
+                "action": {
+                    "run_playbook": {
+                        "name": "playbooks/gpu_fatal_xid.yml",
+                        "extra_vars": {"autoheal_grace_seconds": 5},
+                    }
+                },
+                "throttle": {
+                    "once_within": "15 minutes",
+                    "group_by_attributes": ["event.alert.labels.Hostname"],
+                },
+                "autoheal": {"node_labels": ["node", "Hostname"], "fault_class": "gpu-fatal"},
+            },
+            {
+                "name": "GPU fatal XID rehearsal",
+                "condition": 'event.alert.labels.alertname == "GpuXidRehearsal"',
+                "action": {"run_playbook": {"name": "gpu_fatal_xid.yml"}},
+                "autoheal": {"dry_run": True},
+            },
+        ],
+    }
+]
+
+
+def write_config(tmp: Path, **overrides: Any) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "token").write_text(TOKEN + "\n")
+    (tmp / "rules.yaml").write_text(yaml.safe_dump(RULES))
+    data: dict[str, Any] = {
+        "listen_port": 0,
+        "token_file": "token",
+        "journal_path": "journal.sqlite",
+        "rules_file": "rules.yaml",
+        "playbook_dir": str(PLAYBOOKS),
+        "state_dir": "state",
+        "batch_window_seconds": 0.05,
+        "poll_seconds": 0.1,
+        "budgets": {"max_nodes": 5, "max_pool_percent": 50},
+        "step_timeout_seconds": 60,
+        "run_timeout_seconds": 120,
+    }
+    data.update(overrides)
+    path = tmp / "runner.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def make_config(tmp: Path, **overrides: Any) -> RunnerConfig:
+    path = write_config(tmp, **overrides)
+    return parse_config(yaml.safe_load(path.read_text()), str(path), tmp, env={})
+
+
+def alert(
+    node: str = "gpu-1",
+    xid: int | str = 79,
+    gpu: int | str = 3,
+    status: str = "firing",
+    fingerprint: str | None = None,
+    starts_at: str = "2026-11-30T03:46:01.103Z",
+    alertname: str = "GpuXidFatal",
+    **labels: str,
+) -> dict[str, Any]:
+    lab = {
+        "alertname": alertname,
+        "Hostname": node,
+        "xid": str(xid),
+        "gpu": str(gpu),
+        "severity": "critical",
+        **labels,
+    }
+    fp = fingerprint or format(abs(hash((node, str(xid), str(gpu), alertname))) % (1 << 60), "x")
+    return {
+        "status": status,
+        "labels": lab,
+        "annotations": {"summary": f"XID {xid} on {node}"},
+        "startsAt": starts_at,
+        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-30T04:00:00Z",
+        "generatorURL": "http://prometheus/graph",
+        "fingerprint": fp,
+    }
+
+
+def payload(*alerts: dict[str, Any], status: str | None = None) -> dict[str, Any]:
+    base = json.loads(FIXTURE.read_text())
+    base = copy.deepcopy(base)
+    base["alerts"] = list(alerts)
+    base["status"] = status or ("firing" if any(a["status"] == "firing" for a in alerts) else "resolved")
+    return base
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def effect_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def stop_pid(proc: Any, timeout: float = 10.0) -> None:
+    """Stop a process we started (a subprocess.Popen), by its PID: TERM, then KILL."""
+    import subprocess
+
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)

@@ -1,0 +1,122 @@
+"""RealKube with the real `kubernetes` client, against a tiny fake API server on loopback
+(the reads the policy needs: list nodes, list pods by label selector)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import yaml
+
+from remediation.errors import KubeError
+from remediation.kube import FakeKube, RealKube, label_is_set
+
+NODES = {
+    "kind": "NodeList",
+    "apiVersion": "v1",
+    "metadata": {},
+    "items": [
+        {"metadata": {"name": "gpu-1", "labels": {"autoheal.io/pool": "h100"}}},
+        {"metadata": {"name": "gpu-2", "labels": {"autoheal.io/opt-out": "true"}}},
+    ],
+}
+PODS = {
+    "kind": "PodList",
+    "apiVersion": "v1",
+    "metadata": {},
+    "items": [
+        {
+            "metadata": {"name": "train", "namespace": "ml", "labels": {"autoheal.io/opt-out": "1"}},
+            "spec": {"nodeName": "gpu-3", "containers": [{"name": "c"}]},
+        },
+        {
+            "metadata": {"name": "other", "namespace": "ml", "labels": {"autoheal.io/opt-out": "no"}},
+            "spec": {"nodeName": "gpu-4", "containers": [{"name": "c"}]},
+        },
+    ],
+}
+
+
+class _Api(BaseHTTPRequestHandler):
+    seen: list[str] = []
+
+    def do_GET(self):
+        url = urlparse(self.path)
+        _Api.seen.append(self.path)
+        if url.path == "/api/v1/nodes":
+            body = NODES
+        elif url.path == "/api/v1/pods":
+            assert parse_qs(url.query)["labelSelector"] == ["autoheal.io/opt-out"]
+            body = PODS
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def kubeconfig(tmp_path):
+    server = HTTPServer(("127.0.0.1", 0), _Api)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "t",
+        "clusters": [{"name": "t", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+        "users": [{"name": "t", "user": {"token": "x"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    yield path
+    server.shutdown()
+    server.server_close()
+
+
+def test_real_kube_reads_node_labels_and_opted_out_pods(kubeconfig):
+    kube = RealKube(kubeconfig)
+    assert kube.node_labels() == {
+        "gpu-1": {"autoheal.io/pool": "h100"},
+        "gpu-2": {"autoheal.io/opt-out": "true"},
+    }
+    assert kube.nodes_with_labelled_pods("autoheal.io/opt-out") == {"gpu-3"}
+
+
+def test_real_kube_errors_are_kube_errors(tmp_path):
+    with pytest.raises(KubeError):
+        RealKube(tmp_path / "missing")
+    cfg = tmp_path / "k"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "t",
+                "clusters": [{"name": "t", "cluster": {"server": "http://127.0.0.1:9"}}],
+                "users": [{"name": "t", "user": {}}],
+                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+            }
+        )
+    )
+    with pytest.raises(KubeError):
+        RealKube(cfg, timeout_seconds=2).node_labels()
+
+
+def test_fake_kube_and_label_semantics():
+    kube = FakeKube({"a": {"x": "true"}}, pods=[("b", {"x": ""})])
+    assert kube.nodes_with_labelled_pods("x") == {"b"}
+    assert label_is_set({"x": "TRUE"}, "x") and not label_is_set({"x": "False"}, "x")
+    assert not label_is_set({}, "x")

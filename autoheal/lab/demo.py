@@ -63,6 +63,8 @@ class Watch:
     seen: dict[str, float] = field(default_factory=dict)
     incident: str | None = None
     requeued_nodes: str = ""
+    resumed_ok: bool = False
+    ckpt_step: int = 0
 
     def progress(self) -> list[dict[str, Any]]:
         p = self.ckpt / "progress.jsonl"
@@ -72,14 +74,20 @@ class Watch:
 
     def poll(self) -> None:
         events = self.progress()
-        steps = [e["step"] for e in events if "step" in e]
+        steps = [e["step"] for e in events if e["event"] in ("step", "first_step")]
         self.step = max(steps, default=0)
         after = [e for e in events if e["ts"] >= self.t_fault]
         for e in after:
-            if e["event"] == "checkpoint" and e.get("reason") == "sigterm":
+            # the checkpoint of the fault: a SIGTERM checkpoint before the job resumed
+            if e["event"] == "checkpoint" and e.get("reason") == "sigterm" and "first_step" not in self.seen:
                 self.seen.setdefault("checkpoint", e["ts"])
+                self.ckpt_step = e["step"]
             if e["event"] == "first_step":
                 self.seen.setdefault("first_step", e["ts"])
+        if "first_step" in self.seen and self.step > max(self.pre_fault_step, self.ckpt_step):
+            self.resumed_ok = True
+        if "replacement_ready" not in self.seen and "fenced" in self.seen:
+            self._pool()
         if "alert_fired" not in self.seen:
             self._alert()
         self._journal()
@@ -147,8 +155,17 @@ class Watch:
 
     def done(self) -> bool:
         """Resumed and trained past both the step of the fault and the checkpoint it resumed from."""
-        ckpt = max((e["step"] for e in self.progress() if e.get("reason") == "sigterm"), default=0)
-        return "first_step" in self.seen and self.step > max(self.pre_fault_step, ckpt)
+        return self.resumed_ok
+
+    def _pool(self) -> None:
+        from autoheal.lab import pool
+
+        events = pool.client_status(self.cfg)["events"]
+        retired = [e for e in events if e["event"] == "retired" and e["node"] == self.node]
+        if retired:
+            ready = [e for e in events if e["event"] == "replacement_ready" and e["ts"] >= retired[0]["ts"]]
+            if ready:
+                self.seen["replacement_ready"] = ready[0]["ts"]
 
 
 def _parse_ts(s: str) -> float:
@@ -206,45 +223,83 @@ def run_demo(
     t_start = time.monotonic()
     cfg = labmod.up(cfg, lambda m: console.print(f"[dim]lab[/dim] {m}"))
     try:
-        return _story(cfg, console, out, report_dir or cfg.run_dir / "demo", timeout, t_start)
+        check_healthy(cfg)
+        console.print(f"lab healthy after {time.monotonic() - t_start:.1f}s")
+        stack_up = _pulumi_up(cfg, console)
+        report = trial(cfg, report_dir or cfg.run_dir / "demo", console, out, timeout, cleanup=not keep)
+        report["pulumi_up_s"] = stack_up
+        return report
     finally:
         if not keep:
             labmod.down(cfg)
             console.print("lab down (use --keep to leave it up and explore)")
 
 
-def _story(
-    cfg: LabConfig, console: Console, out: Console, rdir: Path, timeout: float, t_start: float
-) -> dict[str, Any]:
+def _pulumi_up(cfg: LabConfig, console: Console) -> float | None:
+    """`pulumi up` of the lab stack (pools, Slurm, monitoring, runner objects) when the engine is built."""
+    try:
+        from autoheal.lab import stack
+    except ImportError:
+        return None
+    if not stack.available():
+        console.print(
+            "[yellow]pulumi engine not built: skipping `pulumi up` (scripts/build-tools.sh)[/yellow]"
+        )
+        return None
+    t0 = time.monotonic()
+    console.print("pulumi up of the lab stack (declares pools, Slurm, monitoring, runner)")
+    summary = stack.up(cfg)
+    took = time.monotonic() - t0
+    console.print(f"pulumi up: {summary} in {took:.1f}s")
+    return took
+
+
+def check_healthy(cfg: LabConfig) -> None:
     st = labmod.status(cfg)
     if not st.healthy:
         bad = ", ".join(s.name for s in st.services if not s.healthy)
         raise LabError(f"demo: lab is not healthy ({bad}); see `autoheal lab status`")
-    console.print(
-        f"lab healthy after {time.monotonic() - t_start:.1f}s: " + ", ".join(s.name for s in st.services)
-    )
     if "runner" not in {s.name for s in st.services}:
         raise LabError("demo: the remediation runner is not running in this lab")
+
+
+def idle_nodes(cfg: LabConfig) -> list[str]:
+    states = slurm.node_states(cfg)
+    return sorted(n for n, s in states.items() if s["state"] == ["IDLE"])
+
+
+def trial(
+    cfg: LabConfig,
+    rdir: Path,
+    console: Console,
+    out: Console,
+    timeout: float = 600,
+    cleanup: bool = True,
+    live: bool = True,
+) -> dict[str, Any]:
+    """One fault on a running lab: submit, wait for progress, inject, watch until resumed."""
     rdir.mkdir(parents=True, exist_ok=True)
     ckpt = rdir / "ckpt"
-    for f in ckpt.glob("*"):
-        f.unlink()
+    if ckpt.is_dir():
+        for f in ckpt.iterdir():
+            f.unlink()
     train_out = rdir / "train.out"
     train_out.unlink(missing_ok=True)
     job = submit(cfg, ckpt, train_out, "--step-time 0.1 --ckpt-every 100")
     console.print(f"submitted training job {job} (sbatch examples/train.sbatch, 2 nodes x 8 GPUs)")
-    _wait(lambda: len(job_nodes(cfg, job)) == 2, 60, "the training job to start")
+    _wait(lambda: len(job_nodes(cfg, job)) == 2, 90, "the training job to start")
     nodes = job_nodes(cfg, job)
     # another team's job fills the rest of the pool, so the requeued job needs the promoted spare
-    active = [n for p in cfg.slurm_pools() for n in p.active_nodes()]
-    others = len([n for n in active if n not in nodes])
+    filler = None
+    others = idle_nodes(cfg)
     if others:
-        slurm.run(
+        filler = slurm.run(
             cfg,
             [
                 "sbatch",
+                "--parsable",
                 "-N",
-                str(others),
+                str(len(others)),
                 "--gres=gpu:8",
                 "-J",
                 "other-team",
@@ -254,45 +309,59 @@ def _story(
                 "--wrap",
                 "sleep 3600",
             ],
-        )
+        ).strip()
     w = Watch(cfg, ckpt, job, nodes[0])
 
     def progressed() -> bool:
         w.poll()
         return w.step >= 60
 
-    _wait(progressed, 120, "training progress")
-    console.print(
-        f"training on {', '.join(nodes)}: step {w.step}; injecting XID {DEMO_XID} on {w.node} GPU {DEMO_GPU}"
-    )
-    w.t_fault = time.time()
-    w.seen["injected"] = w.t_fault
-    labmod.inject(cfg, w.node, DEMO_GPU, DEMO_XID)
-    w.pre_fault_step = w.step
-    deadline = time.monotonic() + timeout
-    with Live(console=console, refresh_per_second=4) as live:
-        while True:
-            w.poll()
-            status = Text(
-                f"job {job}: step {w.step} (pre-fault {w.pre_fault_step})  "
-                f"incident {w.incident or '-'}  t+{time.time() - w.t_fault:5.1f}s"
-            )
-            live.update(Group(w.table(), status))
-            # finished: the job trained past its pre-fault step and the incident has closed
-            if w.done() and ("resolved" in w.seen or time.monotonic() > deadline - timeout / 2):
-                break
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.25)
-    w.poll()
-    if w.node in labmod.current_nodes(cfg):
-        labmod.inject(cfg, w.node, None, None)
+    try:
+        _wait(progressed, 120, "training progress")
+        where = f"{w.node} GPU {DEMO_GPU}"
+        console.print(f"training on {', '.join(nodes)}: step {w.step}; injecting XID {DEMO_XID} on {where}")
+        w.t_fault = time.time()
+        w.seen["injected"] = w.t_fault
+        labmod.inject(cfg, w.node, DEMO_GPU, DEMO_XID)
+        w.pre_fault_step = w.step
+        _watch(w, job, timeout, console, live)
+        w.poll()
+    finally:
+        if w.node in labmod.current_nodes(cfg):
+            labmod.inject(cfg, w.node, None, None)
+        if filler:
+            slurm.run(cfg, ["scancel", filler])
+        if cleanup:
+            slurm.run(cfg, ["scancel", job])
     out.print(w.table())
     report = _report(w, rdir, nodes)
     out.print(f"report: {report['json']}  chart: {report['png']}")
     if not w.done():
         raise LabError(f"demo: the job did not resume within {timeout:.0f}s; see {train_out}")
     return report
+
+
+def _watch(w: Watch, job: str, timeout: float, console: Console, live: bool) -> None:
+    deadline = time.monotonic() + timeout
+
+    def finished() -> bool:
+        # the job trained past its pre-fault step, and the incident closed (or we waited long enough)
+        return w.done() and ("resolved" in w.seen or time.monotonic() > deadline - timeout / 2)
+
+    if not live:
+        while not finished() and time.monotonic() < deadline:
+            w.poll()
+            time.sleep(0.25)
+        return
+    with Live(console=console, refresh_per_second=4) as view:
+        while not finished() and time.monotonic() < deadline:
+            w.poll()
+            status = Text(
+                f"job {job}: step {w.step} (pre-fault {w.pre_fault_step})  "
+                f"incident {w.incident or '-'}  t+{time.time() - w.t_fault:5.1f}s"
+            )
+            view.update(Group(w.table(), status))
+            time.sleep(0.25)
 
 
 def _report(w: Watch, rdir: Path, nodes: list[str]) -> dict[str, Any]:
@@ -305,7 +374,11 @@ def _report(w: Watch, rdir: Path, nodes: list[str]) -> dict[str, Any]:
         }
         for key, label in PHASES
     ]
-    steps = [(e["ts"] - w.t_fault, e["step"]) for e in w.progress() if e["event"] in ("step", "first_step")]
+    steps = [
+        (e["ts"] - w.t_fault, e["step"], e["event"])
+        for e in w.progress()
+        if e["event"] in ("start", "step", "first_step")
+    ]
     data = {
         "job": w.job,
         "nodes_before": nodes,
@@ -334,7 +407,7 @@ def _delta(w: Watch, key: str) -> float | None:
     return round(w.seen[key] - w.t_fault, 3) if key in w.seen else None
 
 
-def _chart(phases: list[dict[str, Any]], steps: list[tuple[float, int]], path: Path, w: Watch) -> None:
+def _chart(phases: list[dict[str, Any]], steps: list[tuple[float, int, str]], path: Path, w: Watch) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -349,9 +422,21 @@ def _chart(phases: list[dict[str, Any]], steps: list[tuple[float, int]], path: P
     ax1.set_yticks([])
     ax1.invert_yaxis()
     ax1.set_title(f"autoheal lab: XID {DEMO_XID} on {w.node}, job {w.job} resumes by itself")
-    if steps:
-        xs, ys = zip(*steps, strict=True)
-        ax2.plot(xs, ys, ".-", color="#2e7d32", markersize=3)
+    runs: list[list[tuple[float, int]]] = []
+    for t, step, kind in steps:
+        if kind == "start" or not runs:
+            runs.append([])
+        runs[-1].append((t, step))
+    for i, seg in enumerate(r for r in runs if r):
+        xs, ys = zip(*seg, strict=True)
+        ax2.plot(
+            xs,
+            ys,
+            ".-",
+            color="#2e7d32" if i == 0 else "#1565c0",
+            markersize=3,
+            label="before the fault" if i == 0 else f"after requeue (run {i + 1})",
+        )
     ax2.axvline(0, color="#c62828", linestyle="--", label="fault")
     ax2.axhline(w.pre_fault_step, color="#999999", linestyle=":", label="pre-fault step")
     ax2.set_xlabel("seconds since the fault")

@@ -1,0 +1,277 @@
+"""The stack's configuration model: what `Pulumi.<stack>.yaml` may say, validated before any
+resource is declared.
+
+Pulumi hands a Python program every config value as a string (objects and arrays as JSON), and
+its project schema only checks top-level types. So `__main__.py` reads the known keys, and this
+module decodes and validates them with pydantic; a mistake fails the preview with a message that
+names the key as the user typed it (`autoheal:pools[0].size`) and the type that was expected.
+Components never see this module: `__main__.py` turns the validated model into their plain args.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from autoheal.errors import ConfigError
+from autoheal.names import is_node_name
+
+PROJECT = "autoheal"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class EksConfig(_Model):
+    region: str = Field(min_length=1)
+    subnet_ids: list[str] = Field(alias="subnetIds", min_length=2)
+    version: str = "1.31"
+    endpoint_public_access: bool = Field(default=True, alias="endpointPublicAccess")
+    public_access_cidrs: list[str] = Field(default_factory=list, alias="publicAccessCidrs")
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class ClusterConfig(_Model):
+    backend: Literal["kubeconfig", "eks"] = "kubeconfig"
+    kubeconfig: str | None = None
+    context: str | None = None
+    eks: EksConfig | None = None
+
+    @model_validator(mode="after")
+    def _backend_args(self) -> ClusterConfig:
+        if self.backend == "kubeconfig" and not self.kubeconfig:
+            raise ValueError("backend 'kubeconfig' needs 'kubeconfig' (a path to a kubeconfig)")
+        if self.backend == "eks" and self.eks is None:
+            raise ValueError("backend 'eks' needs an 'eks' object (region, subnetIds)")
+        return self
+
+
+class TaintConfig(_Model):
+    key: str = Field(min_length=1)
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class EksNodeGroupConfig(_Model):
+    instance_type: str = Field(default="p5.48xlarge", alias="instanceType")
+    ami_type: str = Field(default="AL2023_x86_64_NVIDIA", alias="amiType")
+    capacity_type: Literal["ON_DEMAND", "SPOT", "CAPACITY_BLOCK"] = Field(
+        default="ON_DEMAND", alias="capacityType"
+    )
+    disk_size_gb: int = Field(default=200, ge=20, alias="diskSizeGb")
+
+
+class PoolConfig(_Model):
+    name: str
+    prefix: str | None = None
+    gpu_model: str = Field(default="h100", alias="gpuModel", min_length=1)
+    gpus_per_node: int = Field(default=8, ge=1, le=64, alias="gpusPerNode")
+    size: int = Field(ge=1)
+    spares: int = Field(default=1, ge=0)
+    headroom: int = Field(default=0, ge=0)
+    labels: dict[str, str] = Field(default_factory=dict)
+    taints: list[TaintConfig] = Field(default_factory=list)
+    cpus: int = Field(default=2, ge=1)
+    real_memory_mb: int = Field(default=1000, ge=1, alias="realMemoryMb")
+    remediation: bool = True
+    # Why this pool may run without spares or remediation; the policy pack decides, not this model.
+    waiver: str | None = None
+    eks: EksNodeGroupConfig | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not is_node_name(value) or "." in value:
+            raise ValueError("must be a DNS label (lower-case a-z, 0-9 and '-')")
+        return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str | None) -> str | None:
+        if value is not None and (not is_node_name(f"{value}-1") or "." in value):
+            raise ValueError("must make valid node names (lower-case a-z, 0-9 and '-')")
+        return value
+
+    @property
+    def node_prefix(self) -> str:
+        return self.prefix or self.name
+
+
+class SlurmImagesConfig(_Model):
+    controller: str | None = None
+    slurmd: str | None = None
+    login: str | None = None
+    munge: str | None = None
+
+
+class SlurmStorageConfig(_Model):
+    state_size: str = Field(default="10Gi", alias="stateSize")
+    home_size: str = Field(default="100Gi", alias="homeSize")
+    checkpoint_size: str = Field(default="1Ti", alias="checkpointSize")
+    state_storage_class: str | None = Field(default=None, alias="stateStorageClass")
+    shared_storage_class: str | None = Field(default=None, alias="sharedStorageClass")
+    shared_access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = Field(
+        default="ReadWriteMany", alias="sharedAccessMode"
+    )
+
+
+class SlurmConfig(_Model):
+    namespace: str = "slurm"
+    cluster_name: str = Field(default="autoheal", alias="clusterName")
+    images: SlurmImagesConfig = SlurmImagesConfig()
+    storage: SlurmStorageConfig = SlurmStorageConfig()
+    authorized_keys: list[str] = Field(default_factory=list, alias="authorizedKeys")
+    login_service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", alias="loginServiceType"
+    )
+    slurm_user: str = Field(default="slurm", alias="slurmUser")
+    grace_seconds: int = Field(default=120, ge=0, alias="graceSeconds")
+
+
+class MonitoringConfig(_Model):
+    prometheus_operator: bool = Field(default=False, alias="prometheusOperator")
+    dcgm_image: str | None = Field(default=None, alias="dcgmImage")
+    alertmanager_secrets_dir: str = Field(default="/etc/alertmanager/secrets", alias="alertmanagerSecretsDir")
+
+
+class RunnerConfig(_Model):
+    image: str | None = None
+    dry_run: bool = Field(default=False, alias="dryRun")
+    port: int = Field(default=9095, ge=1, le=65535)
+    service_port: int = Field(default=8080, ge=1, le=65535, alias="servicePort")
+    rules_file: str = Field(default="config/rules.yaml", alias="rulesFile")
+    playbooks_dir: str = Field(default="playbooks", alias="playbooksDir")
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", alias="serviceType"
+    )
+    journal_size: str = Field(default="1Gi", alias="journalSize")
+    journal_storage_class: str | None = Field(default=None, alias="journalStorageClass")
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class StackConfig(_Model):
+    namespace: str = "autoheal"
+    cluster: ClusterConfig
+    pools: list[PoolConfig] = Field(min_length=1)
+    slurm: SlurmConfig = SlurmConfig()
+    monitoring: MonitoringConfig = MonitoringConfig()
+    runner: RunnerConfig = RunnerConfig()
+    wait_for_rollout: bool = Field(default=True, alias="waitForRollout")
+
+    @model_validator(mode="after")
+    def _unique_pools(self) -> StackConfig:
+        for what, values in (
+            ("names", [p.name for p in self.pools]),
+            ("prefixes", [p.node_prefix for p in self.pools]),
+        ):
+            dupes = sorted({v for v in values if values.count(v) > 1})
+            if dupes:
+                raise ValueError(f"pool {what} must be unique (pools), repeated: {', '.join(dupes)}")
+        if self.cluster.backend == "eks":
+            missing = [p.name for p in self.pools if p.eks is None]
+            if missing:
+                raise ValueError(f"backend 'eks' needs 'eks' on every pool; missing: {missing}")
+        return self
+
+
+# Top-level keys and whether Pulumi passes them as JSON (objects, arrays) or as plain strings.
+STRUCTURED_KEYS = ("cluster", "pools", "slurm", "monitoring", "runner")
+SCALAR_KEYS = ("namespace", "waitForRollout")
+
+_EXPECTED = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "bool_type": "a boolean (true or false)",
+    "bool_parsing": "a boolean (true or false)",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "an object (a mapping)",
+    "model_type": "an object (a mapping)",
+    "model_attributes_type": "an object (a mapping)",
+}
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    out = PROJECT
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += (":" if i == 0 else ".") + part
+    return out
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    key = _key_path(tuple(err["loc"]))
+    kind = err["type"]
+    if kind == "missing":
+        return f"{key}: required, but not set"
+    if kind == "extra_forbidden":
+        return f"{key}: unknown key (check its spelling)"
+    shown = repr(err.get("input"))[:60]
+    if kind in _EXPECTED:
+        return f"{key}: expected {_EXPECTED[kind]}, got {shown}"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if isinstance(err.get("input"), dict | list):
+        return f"{key}: {msg}"  # a rule across several keys: the message names them
+    return f"{key}: {msg} (got {shown})"
+
+
+def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
+    """Validate decoded config values (keys as in Pulumi.<stack>.yaml, without the project)."""
+    try:
+        return StackConfig.model_validate(dict(raw))
+    except ValidationError as exc:
+        problems = [_describe(e) for e in exc.errors()]
+        raise ConfigError("invalid stack configuration:\n  " + "\n  ".join(problems)) from exc
+
+
+def read_stack_config(get: Callable[[str], str | None]) -> StackConfig:
+    """Read the known keys through `get` (pulumi.Config().get) and validate them. Unset keys take
+    the model's defaults, which mirror the defaults in Pulumi.yaml."""
+    raw: dict[str, Any] = {}
+    for key in SCALAR_KEYS:
+        value = get(key)
+        if value is not None:
+            raw[key] = value
+    for key in STRUCTURED_KEYS:
+        text = get(key)
+        if text is None:
+            continue
+        try:
+            raw[key] = json.loads(text)
+        except json.JSONDecodeError:
+            kind = "a list" if key == "pools" else "an object"
+            raise ConfigError(
+                f"{PROJECT}:{key}: expected {kind}, got {text[:60]!r} "
+                "(set structured values in Pulumi.<stack>.yaml or with `pulumi config set --path`)"
+            ) from None
+    return parse_stack_config(raw)
+
+
+def resolve_path(root: Path, value: str) -> Path:
+    """A path from config, relative to the project folder unless absolute."""
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (root / p).resolve()
+
+
+def load_runner_files(root: Path, runner: RunnerConfig) -> tuple[str, dict[str, str]]:
+    """The routing rules text and the entry playbooks (top-level *.yml) the runner ships with."""
+    rules = resolve_path(root, runner.rules_file)
+    try:
+        rules_text = rules.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{PROJECT}:runner.rulesFile: cannot read {rules}: {exc}") from exc
+    playbooks: dict[str, str] = {}
+    pdir = resolve_path(root, runner.playbooks_dir)
+    if not pdir.is_dir():
+        raise ConfigError(f"{PROJECT}:runner.playbooksDir: {pdir} is not a folder")
+    for path in sorted([*pdir.glob("*.yml"), *pdir.glob("*.yaml")]):
+        playbooks[path.name] = path.read_text()
+    return rules_text, playbooks

@@ -1,0 +1,224 @@
+"""GpuNodePool: declares a pool of GPU nodes (size, hot spares, GPU model, labels, taints).
+
+Code declares pools; the runtime replaces nodes. So this component never declares a Node object:
+it writes the pool's *description* into a ConfigMap in the autoheal namespace, which the pool's
+controller reads (the lab's pool controller keeps the pool at that size with simulated nodes; on a
+cloud the autoscaling group does it). After the runbook retires a node and the controller brings a
+new one, nothing that Pulumi owns has changed, so `pulumi preview` shows no diff and a later
+`pulumi up` never resurrects a retired node nor undoes a promotion.
+
+The ConfigMap (`autoheal-pool-<name>`, labelled `app.kubernetes.io/component=node-pool` and
+`autoheal.io/pool=<name>`) holds one key, `pool.json`:
+
+    {"name", "prefix", "size", "spares", "headroom", "desiredNodes", "gpuModel", "gpusPerNode",
+     "nodeLabels", "taints": [{"key","value"?,"effect"}],
+     "spare": {"label": {"key","value"}, "taint": {"key","value","effect"}},
+     "nodeNames": {"active": [...], "spares": [...], "future": [...]},
+     "remediation": {"enabled": bool, "waiver": str | null}, "backend": "kubeconfig" | "eks"}
+
+Spares are nodes of the same pool that additionally carry the label `autoheal.io/spare=true` and
+the taint `autoheal.io/spare=true:NoSchedule` (and are DRAIN in Slurm) until the runbook promotes
+one. With the EKS backend the pool is also a managed node group of `size + spares` instances with
+the pool's labels and taints; which of them are spares is runtime state, not code.
+
+The `slurm_pool` output is the pool as Slurm sees it, for SlurmCluster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from autoheal.names import is_node_name
+from autoheal.slurmconf import SlurmPool
+from components.cluster import EksCluster
+from components.common import (
+    GPU_MODEL_LABEL,
+    NODE_POOL_COMPONENT,
+    POOL_LABEL,
+    REMEDIATION_ANNOTATION,
+    SPARE_LABEL,
+    SPARE_TAINT,
+    WAIVER_ANNOTATION,
+    Taint,
+    base_labels,
+    child,
+)
+
+_EKS_TAINT_EFFECTS = {
+    "NoSchedule": "NO_SCHEDULE",
+    "PreferNoSchedule": "PREFER_NO_SCHEDULE",
+    "NoExecute": "NO_EXECUTE",
+}
+
+
+@dataclass(frozen=True)
+class EksNodeGroupArgs:
+    instance_type: str = "p5.48xlarge"
+    ami_type: str = "AL2023_x86_64_NVIDIA"
+    capacity_type: str = "ON_DEMAND"
+    disk_size_gb: int = 200
+
+
+@dataclass(frozen=True)
+class GpuNodePoolArgs:
+    name: str
+    prefix: str
+    size: int
+    spares: int
+    namespace: pulumi.Input[str] = "autoheal"
+    gpu_model: str = "h100"
+    gpus_per_node: int = 8
+    headroom: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: Sequence[Taint] = ()
+    cpus: int = 2
+    real_memory_mb: int = 1000
+    remediation: bool = True
+    # A reason recorded on the pool when it runs without spares or without remediation on purpose;
+    # the policy pack accepts such a pool only when this is set.
+    waiver: str | None = None
+    # EKS backend: both set, or neither (the pool controller of an existing cluster does the work).
+    eks: EksNodeGroupArgs | None = None
+    eks_cluster: EksCluster | None = None
+
+    def validate(self) -> None:
+        if not is_node_name(self.name) or "." in self.name:
+            raise ValueError(f"pool name {self.name!r} must be a DNS label (a-z, 0-9, '-')")
+        if not is_node_name(f"{self.prefix}-1"):
+            raise ValueError(f"pool {self.name}: prefix {self.prefix!r} does not make node names")
+        if self.size < 1:
+            raise ValueError(f"pool {self.name}: size must be at least 1, got {self.size}")
+        if self.spares < 0 or self.headroom < 0:
+            raise ValueError(f"pool {self.name}: spares and headroom must not be negative")
+        if self.gpus_per_node < 1:
+            raise ValueError(f"pool {self.name}: gpus_per_node must be at least 1")
+        if (self.eks is None) != (self.eks_cluster is None):
+            raise ValueError(f"pool {self.name}: eks and eks_cluster go together")
+
+
+@dataclass(frozen=True)
+class PoolPlacement:
+    """How a pod is put on this pool's nodes (spares included): the pool label to select on and
+    the taints to tolerate."""
+
+    pool: SlurmPool
+    selector: dict[str, str]
+    taints: tuple[Taint, ...]
+
+    def tolerations(self) -> list[k8s.core.v1.TolerationArgs]:
+        return [t.toleration() for t in self.taints]
+
+
+class GpuNodePool(pulumi.ComponentResource):
+    slurm_pool: SlurmPool
+    placement: PoolPlacement
+    node_labels: dict[str, str]
+    config_map: k8s.core.v1.ConfigMap
+    node_group: pulumi.CustomResource | None
+
+    def __init__(self, name: str, args: GpuNodePoolArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("autoheal:nodepool:GpuNodePool", name, None, opts)
+        args.validate()
+        self.slurm_pool = SlurmPool(
+            name=args.name,
+            prefix=args.prefix,
+            size=args.size,
+            spares=args.spares,
+            headroom=args.headroom,
+            gpus_per_node=args.gpus_per_node,
+            gpu_type=args.gpu_model,
+            cpus=args.cpus,
+            real_memory_mb=args.real_memory_mb,
+        )
+        self.node_labels = {**args.labels, POOL_LABEL: args.name, GPU_MODEL_LABEL: args.gpu_model}
+        self.placement = PoolPlacement(
+            pool=self.slurm_pool,
+            selector={POOL_LABEL: args.name},
+            taints=(*args.taints, SPARE_TAINT),
+        )
+        annotations = {REMEDIATION_ANNOTATION: "enabled" if args.remediation else "disabled"}
+        if args.waiver:
+            annotations[WAIVER_ANNOTATION] = args.waiver
+        self.config_map = k8s.core.v1.ConfigMap(
+            f"{name}-pool",
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=f"autoheal-pool-{args.name}",
+                namespace=args.namespace,
+                labels={**base_labels("autoheal-pool", NODE_POOL_COMPONENT), POOL_LABEL: args.name},
+                annotations=annotations,
+            ),
+            data={"pool.json": describe_pool(args, self.slurm_pool, self.node_labels)},
+            opts=child(self),
+        )
+        self.node_group = None
+        if args.eks is not None and args.eks_cluster is not None:
+            self.node_group = self._eks_node_group(name, args, args.eks, args.eks_cluster)
+        self.register_outputs(
+            {
+                "poolName": args.name,
+                "desiredNodes": args.size + args.spares,
+                "configMap": self.config_map.metadata.name,
+            }
+        )
+
+    def _eks_node_group(
+        self, name: str, args: GpuNodePoolArgs, ng: EksNodeGroupArgs, cluster: EksCluster
+    ) -> pulumi.CustomResource:
+        import pulumi_aws as aws
+
+        desired = args.size + args.spares
+        group: pulumi.CustomResource = aws.eks.NodeGroup(
+            f"{name}-nodegroup",
+            cluster_name=cluster.cluster_name,
+            node_group_name=f"autoheal-{args.name}",
+            node_role_arn=cluster.node_role_arn,
+            subnet_ids=list(cluster.subnet_ids),
+            instance_types=[ng.instance_type],
+            ami_type=ng.ami_type,
+            capacity_type=ng.capacity_type,
+            disk_size=ng.disk_size_gb,
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                desired_size=desired, min_size=desired, max_size=desired + max(args.headroom, 1)
+            ),
+            labels=self.node_labels,
+            taints=[
+                aws.eks.NodeGroupTaintArgs(key=t.key, value=t.value, effect=_EKS_TAINT_EFFECTS[t.effect])
+                for t in args.taints
+            ],
+            tags={"autoheal.io/pool": args.name},
+            opts=child(self, provider=cluster.aws_provider),
+        )
+        return group
+
+
+def describe_pool(args: GpuNodePoolArgs, pool: SlurmPool, node_labels: Mapping[str, str]) -> str:
+    """The pool description the pool controller and the runbook read (stable JSON text)."""
+    doc = {
+        "name": args.name,
+        "prefix": args.prefix,
+        "size": args.size,
+        "spares": args.spares,
+        "headroom": args.headroom,
+        "desiredNodes": args.size + args.spares,
+        "gpuModel": args.gpu_model,
+        "gpusPerNode": args.gpus_per_node,
+        "nodeLabels": dict(sorted(node_labels.items())),
+        "taints": [t.as_dict() for t in args.taints],
+        "spare": {
+            "label": {"key": SPARE_LABEL, "value": "true"},
+            "taint": SPARE_TAINT.as_dict(),
+        },
+        "nodeNames": {
+            "active": pool.active_nodes(),
+            "spares": pool.spare_nodes(),
+            "future": pool.future_nodes(),
+        },
+        "remediation": {"enabled": args.remediation, "waiver": args.waiver},
+        "backend": "eks" if args.eks is not None else "kubeconfig",
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,1 @@
+"""autoheal's CrossGuard policy pack; the rules live in `policy.rules` (plain functions, testable)."""

@@ -1,0 +1,131 @@
+"""RemediationRunner: least-privilege RBAC, a generated token Secret, and a Deployment using both."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+import yaml
+
+from components.runner import RUNNER_RBAC_RULES, RemediationRunner, RemediationRunnerArgs
+from tests.components.harness import FAKE_SECRET, env_of, pod_spec, run_program
+
+CLUSTER_ROLE = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"
+
+
+def test_cluster_role_grants_exactly_what_the_runbook_needs(lab):
+    role = lab.one(CLUSTER_ROLE, "autoheal-runner")
+    granted = {
+        (group, resource, verb)
+        for rule in role.inputs["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == {
+        ("", "nodes", "get"),
+        ("", "nodes", "list"),
+        ("", "nodes", "patch"),
+        ("", "pods", "list"),
+        ("", "pods/eviction", "create"),
+        ("", "events", "create"),
+    }
+    assert len(role.inputs["rules"]) == len(RUNNER_RBAC_RULES)
+
+
+def test_no_role_in_the_stack_has_a_wildcard(lab):
+    roles = lab.of_type(CLUSTER_ROLE) + lab.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role")
+    assert roles
+    for role in roles:
+        for rule in role.inputs["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(field, []), (role.k8s_name, field)
+
+
+def test_binding_gives_the_role_to_the_runner_service_account_only(lab):
+    binding = lab.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding", "autoheal-runner")
+    assert binding.inputs["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "autoheal-runner",
+    }
+    assert binding.inputs["subjects"] == [
+        {"kind": "ServiceAccount", "name": "autoheal-runner", "namespace": "autoheal"}
+    ]
+    deployment = lab.one("kubernetes:apps/v1:Deployment", "autoheal-runner")
+    assert pod_spec(deployment)["serviceAccountName"] == "autoheal-runner"
+
+
+def test_token_is_generated_into_a_secret_not_taken_from_config(lab):
+    secret = lab.one("kubernetes:core/v1:Secret", "autoheal-runner-token")
+    generated = [r for r in lab.of_type("pulumi-python:dynamic:Resource") if r.name == "runner-token"]
+    assert len(generated) == 1 and generated[0].inputs["length"] == 32
+    # The Secret's value is exactly the generator's `token` output (here the mock's fixed bytes).
+    expected = base64.urlsafe_b64encode(FAKE_SECRET).decode().rstrip("=")
+    assert secret.inputs["stringData"] == {"token": expected}
+
+
+def test_runner_reads_its_token_from_the_mounted_secret(lab):
+    spec = pod_spec(lab.one("kubernetes:apps/v1:Deployment", "autoheal-runner"))
+    (container,) = spec["containers"]
+    token_file = env_of(container)["AUTOHEAL_TOKEN_FILE"]["value"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mount = next(m for m in container["volumeMounts"] if token_file.startswith(m["mountPath"] + "/"))
+    assert volumes[mount["name"]]["secret"]["secretName"] == "autoheal-runner-token"
+    assert mount.get("readOnly") is True
+
+
+def test_runner_config_matches_the_runners_own_schema(lab):
+    from remediation.config import parse_config
+
+    cm = lab.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config")
+    settings = yaml.safe_load(cm.inputs["data"]["runner.yaml"])
+    cfg = parse_config(settings, "runner.yaml", base=__import__("pathlib").Path("/"), env={})
+    assert str(cfg.token_file) == "/var/run/secrets/autoheal/token"
+    assert str(cfg.journal_path).startswith("/var/lib/autoheal/")
+    assert cfg.listen_port == 9095
+
+
+def test_journal_is_on_a_claim_and_the_runner_is_a_single_writer(lab):
+    dep = lab.one("kubernetes:apps/v1:Deployment", "autoheal-runner")
+    assert dep.inputs["spec"]["replicas"] == 1
+    assert dep.inputs["spec"]["strategy"] == {"type": "Recreate"}
+    volumes = {v["name"]: v for v in pod_spec(dep)["volumes"]}
+    claim = volumes["journal"]["persistentVolumeClaim"]["claimName"]
+    assert lab.one("kubernetes:core/v1:PersistentVolumeClaim", claim)
+
+
+def test_webhook_url_is_the_runner_service(lab):
+    assert lab.value["webhook_url"] == "http://autoheal-runner.autoheal.svc:8080/webhook"
+    svc = lab.one("kubernetes:core/v1:Service", "autoheal-runner")
+    assert svc.inputs["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http"}]
+
+
+def test_webhook_url_is_the_one_the_shipped_alertmanager_config_calls(lab):
+    from autoheal.monitoring import SHIPPED_RUNNER_URL
+
+    assert lab.value["webhook_url"] == SHIPPED_RUNNER_URL
+
+
+def test_playbooks_and_rules_ship_as_config_maps(lab):
+    playbooks = lab.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-playbooks")
+    assert set(playbooks.inputs["data"]) == {"gpu_fatal_xid.yml"}
+    config = lab.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config")
+    assert config.inputs["data"]["rules.yaml"] == "rules: []\n"
+
+
+def test_changing_a_playbook_rolls_the_runner():
+    def hash_for(playbook: str) -> str:
+        rec = run_program(
+            lambda: RemediationRunner("r", RemediationRunnerArgs(playbooks={"a.yml": playbook}))
+        )
+        dep = rec.one("kubernetes:apps/v1:Deployment", "autoheal-runner")
+        return str(dep.inputs["spec"]["template"]["metadata"]["annotations"]["autoheal.io/config-hash"])
+
+    assert hash_for("- hosts: all\n") != hash_for("- hosts: none\n")
+
+
+@pytest.mark.parametrize("bad", [{"webhook_path": "webhook"}, {"playbooks": {"dir/a.yml": ""}}])
+def test_runner_rejects_bad_arguments(bad):
+    with pytest.raises(ValueError):
+        RemediationRunnerArgs(**bad).validate()

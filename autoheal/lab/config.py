@@ -66,6 +66,7 @@ class LabConfig(BaseModel):
     interval: str = "1s"
     kube: bool = True
     runner: bool = True
+    slurmd_limit: int | None = Field(default=None, ge=0)
     grace_seconds: int = Field(default=120, ge=1)
     provision_delay: float = Field(default=5.0, ge=0)
 

@@ -59,6 +59,14 @@ def hardware_nodes(cfg: LabConfig) -> list[str]:
     return [n for p in cfg.slurm_pools() for n in p.active_nodes() + p.spare_nodes()]
 
 
+def slurmd_nodes(cfg: LabConfig) -> list[str]:
+    """Nodes that get a slurmd at start: all hardware, or the first `slurmd_limit` of it (a
+    2,000-node storm lab keeps the rest as Slurm nodes that never answer, which is enough to
+    drain them, and saves 8 MB of RSS per node)."""
+    nodes = hardware_nodes(cfg)
+    return nodes if cfg.slurmd_limit is None else nodes[: cfg.slurmd_limit]
+
+
 def current_nodes(cfg: LabConfig) -> list[str]:
     """Nodes that exist now: the pool controller's members once it has run, else the hardware."""
     state = cfg.run_dir / "pool" / "state.json"
@@ -137,7 +145,7 @@ def _step(progress: Progress, what: str) -> float:
 
 
 def _start_all(cfg: LabConfig, progress: Progress) -> None:
-    nodes = hardware_nodes(cfg)
+    nodes = slurmd_nodes(cfg)
     _step(progress, "munged")
     slurm.write_config(cfg)
     slurm.start_munge(cfg)
@@ -254,7 +262,8 @@ def status(cfg: LabConfig) -> LabStatus:
         except Exception as exc:
             st.services.append(ServiceStatus(name, False, str(exc)[:120]))
     slurmds = [n for n in live if n.startswith("slurmd-")]
-    want = [f"slurmd-{n}" for n in current_nodes(cfg)]
+    with_slurmd = set(slurmd_nodes(cfg))
+    want = [f"slurmd-{n}" for n in current_nodes(cfg) if n in with_slurmd or cfg.slurmd_limit is None]
     missing = [n for n in want if n not in live]
     st.services.append(
         ServiceStatus(

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -41,7 +42,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def alert_payload(nodes: list[str], xid: int = 79) -> dict:
+def alert_payload(nodes: list[str], xid: int = 79) -> dict[str, Any]:
     alerts = [
         {
             "status": "firing",

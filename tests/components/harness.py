@@ -91,7 +91,7 @@ class _Monitor(MockMonitor):
         self.recorded = recorded
 
     def RegisterResource(self, request: Any) -> Any:
-        response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
+        response = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
             inputs = rpc.deserialize_properties(request.object)
             self.recorded.resources.append(

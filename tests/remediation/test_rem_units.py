@@ -170,7 +170,7 @@ def test_notifications_are_retried_and_sent_as_json_and_slack(sink):
 
 def test_sending_never_blocks_when_the_sink_is_down():
     n = Notifier(
-        (NotifySink(url="http://127.0.0.1:9/down", retries=3, timeout_seconds=1),),
+        (NotifySink(url="http://127.0.0.1:9/down", retries=3, timeout_seconds=1),),  # type: ignore[arg-type]
         Metrics(),
         maxsize=5,
         backoff=0.5,
@@ -206,8 +206,8 @@ def test_group_commit_rolls_back_a_failing_delivery_alone(tmp_path):
                 raise RuntimeError("boom")
             return routed
 
-    committer = GroupCommitter(journal, Intake())
-    group = [("one", Future()), ("bad", Future()), ("two", Future())]
+    committer = GroupCommitter(journal, Intake())  # type: ignore[arg-type]
+    group: list = [("one", Future()), ("bad", Future()), ("two", Future())]
     committer._commit(group)
     assert group[0][1].result() == "one" and group[2][1].result() == "two"
     with pytest.raises(JournalError):

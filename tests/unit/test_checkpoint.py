@@ -17,7 +17,9 @@ def state(v):
 def test_newest_valid_checkpoint_is_loaded(tmp_path):
     checkpoint.save(tmp_path, 10, state(1))
     checkpoint.save(tmp_path, 20, state(2))
-    step, s = checkpoint.load_latest(tmp_path)
+    found = checkpoint.load_latest(tmp_path)
+    assert found is not None
+    step, s = found
     assert step == 20 and s["w"][0].item() == 2
 
 
@@ -27,7 +29,9 @@ def test_corrupt_checkpoint_is_skipped_with_a_warning(tmp_path, caplog):
     data = bytearray(p.read_bytes())
     data[len(data) // 2] ^= 0xFF
     p.write_bytes(bytes(data))
-    step, s = checkpoint.load_latest(tmp_path)
+    found = checkpoint.load_latest(tmp_path)
+    assert found is not None
+    step, s = found
     assert step == 10 and s["w"][0].item() == 1
     assert "skipping checkpoint ckpt-00000020.pt: checksum mismatch" in caplog.text
 

@@ -21,5 +21,8 @@ lint: bootstrap
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy .
 
+review: bootstrap
+	scripts/review.sh
+
 lab-down:
 	-$(BIN)/autoheal lab down

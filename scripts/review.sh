@@ -69,21 +69,43 @@ PY
   )"
   pulumi stack select "$STACK" --create --non-interactive >/dev/null 2>&1 ||
     pulumi stack init "$STACK" --non-interactive
+  # The lab stack previews against the lab whose API was found reachable above ($LAB_KUBECONFIG),
+  # whatever Pulumi.lab.yaml says: a copy of its config with the kubeconfig replaced.
+  cfg_args=()
+  cfg=""
+  if [[ $STACK == lab ]]; then
+    cfg=$(mktemp --suffix=.yaml)
+    "$PY" - "Pulumi.$STACK.yaml" "$LAB_KUBECONFIG" "$cfg" <<'PY'
+import sys
+from pathlib import Path
+import yaml
+src, kubeconfig, dst = sys.argv[1:]
+doc = yaml.safe_load(Path(src).read_text())
+doc["config"]["autoheal:cluster"]["kubeconfig"] = str(Path(kubeconfig).resolve())
+Path(dst).write_text(yaml.safe_dump(doc, sort_keys=False))
+PY
+    cfg_args=(--config-file "$cfg")
+  fi
+  # The engine runs the pack (PulumiPolicy.yaml, runtime python) through the language host's
+  # RunPlugin; a mandatory violation fails the preview and is listed under "Policies:".
   out=$(mktemp)
-  pulumi preview --stack "$STACK" --diff --policy-pack policy --non-interactive 2>&1 | tee "$out"
+  pulumi preview --stack "$STACK" "${cfg_args[@]}" --diff --policy-pack policy --non-interactive 2>&1 |
+    tee "$out"
   rc=${PIPESTATUS[0]}
   if [[ $rc -ne 0 ]] && grep -q "RunPlugin not implemented" "$out"; then
-    # The offline-built language host cannot start policy packs: preview without the pack and
-    # judge the previewed resources with the same rules (policy/preview_check.py).
-    echo "NOTE: this Pulumi language host cannot run policy packs; applying policy/rules.py to the preview"
-    pulumi preview --stack "$STACK" --diff --non-interactive
+    # Only for a language host built before it could start policy packs (rebuild it:
+    # scripts/build-tools.sh --only pulumi): preview without the pack and judge the previewed
+    # resources with the same rules (policy/preview_check.py).
+    echo "NOTE: this Pulumi language host cannot run policy packs (rebuild it: scripts/build-tools.sh --only pulumi); applying policy/rules.py to the preview"
+    pulumi preview --stack "$STACK" "${cfg_args[@]}" --diff --non-interactive
     result "pulumi preview --diff" $?
-    pulumi preview --stack "$STACK" --json --show-sames --non-interactive | "$PY" -m policy.preview_check
+    pulumi preview --stack "$STACK" "${cfg_args[@]}" --json --show-sames --non-interactive |
+      "$PY" -m policy.preview_check
     result "policy rules on the preview" $?
   else
-    result "pulumi preview + policy pack" "$rc"
+    result "pulumi preview --diff + policy pack" "$rc"
   fi
-  rm -f "$out"
+  rm -f "$out" ${cfg:+"$cfg"}
 fi
 
 # --- 2. ansible-lint ----------------------------------------------------------------------------

@@ -9,8 +9,17 @@
 // with the project's Python interpreter. Plugins are never installed by it: they are expected
 // on PATH ("ambient"), which is how autoheal runs Pulumi offline.
 //
+// It also implements RunPlugin, which the engine uses to start a Python policy pack
+// (`pulumi preview --policy-pack DIR`, PulumiPolicy.yaml with `runtime: python`): it runs
+// `python -u DIR ARGS...` (the pack's __main__.py; ARGS is the engine address) in the requested
+// working directory with the requested environment, and streams the output back; the engine reads
+// the analyzer's port from the first line of stdout. InstallDependencies installs nothing (the
+// pack shares the project's virtualenv, set up by `pip install -e .`): it only checks the
+// interpreter.
+//
 // Python interpreter, first match wins: $PULUMI_PYTHON_CMD; the `virtualenv` runtime option
-// in Pulumi.yaml (relative to the project root); $VIRTUAL_ENV/bin/python; python3 on PATH.
+// in Pulumi.yaml / PulumiPolicy.yaml (relative to that file's folder); $VIRTUAL_ENV/bin/python;
+// python3 on PATH.
 package main
 
 import (
@@ -23,6 +32,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	pbempty "google.golang.org/protobuf/types/known/emptypb"
@@ -75,7 +86,13 @@ func main() {
 }
 
 func pythonCmd(info *pulumirpc.ProgramInfo) string {
-	if p := os.Getenv("PULUMI_PYTHON_CMD"); p != "" {
+	return pythonCmdEnv(info, os.Environ())
+}
+
+// pythonCmdEnv is pythonCmd with the environment variables looked up in env (last one wins,
+// as for exec.Cmd.Env).
+func pythonCmdEnv(info *pulumirpc.ProgramInfo, env []string) string {
+	if p := lookupEnv(env, "PULUMI_PYTHON_CMD"); p != "" {
 		return p
 	}
 	if info != nil && info.GetOptions() != nil {
@@ -87,10 +104,41 @@ func pythonCmd(info *pulumirpc.ProgramInfo) string {
 			return filepath.Join(venv, "bin", "python")
 		}
 	}
-	if venv := os.Getenv("VIRTUAL_ENV"); venv != "" {
+	if venv := lookupEnv(env, "VIRTUAL_ENV"); venv != "" {
 		return filepath.Join(venv, "bin", "python")
 	}
 	return "python3"
+}
+
+func lookupEnv(env []string, key string) string {
+	value := ""
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			value = v
+		}
+	}
+	return value
+}
+
+// activateVenv returns env plus what `activate` would set when py lives in a virtualenv
+// (<venv>/bin/python next to <venv>/pyvenv.cfg), so that the plugin's own subprocesses find
+// the virtualenv's tools; env unchanged otherwise.
+func activateVenv(env []string, py string) []string {
+	if !strings.ContainsRune(py, filepath.Separator) {
+		return env
+	}
+	venv := filepath.Dir(filepath.Dir(py))
+	if _, err := os.Stat(filepath.Join(venv, "pyvenv.cfg")); err != nil {
+		return env
+	}
+	if abs, err := filepath.Abs(venv); err == nil {
+		venv = abs
+	}
+	path := filepath.Join(venv, "bin")
+	if old := lookupEnv(env, "PATH"); old != "" {
+		path += string(os.PathListSeparator) + old
+	}
+	return append(env, "VIRTUAL_ENV="+venv, "PATH="+path)
 }
 
 func executor() (string, error) {
@@ -230,4 +278,109 @@ func (h *host) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pulumirpc.R
 		return &pulumirpc.RunResponse{Error: fmt.Sprintf("running %s: %v", cmd.Path, err)}, nil
 	}
 	return &pulumirpc.RunResponse{}, nil
+}
+
+// streamWriter sends what a plugin writes to one of its streams as RunPluginResponse messages.
+// A gRPC stream must not be sent on from two goroutines at once, and exec copies stdout and
+// stderr in separate goroutines, hence the shared lock.
+type streamWriter struct {
+	mu   *sync.Mutex
+	send func([]byte) error
+}
+
+func (w streamWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// The message may be marshalled after Send returns: send a copy, exec reuses its buffer.
+	if err := w.send(append([]byte(nil), p...)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// RunPlugin runs a Python plugin (for autoheal: the policy pack) from its folder's __main__.py,
+// streaming its stdout and stderr, then its exit code when that is not 0 (a clean exit ends
+// the stream, which the engine reads as exit code 0).
+func (h *host) RunPlugin(
+	req *pulumirpc.RunPluginRequest, server pulumirpc.LanguageRuntime_RunPluginServer,
+) error {
+	info := req.GetInfo()
+	program := req.GetProgram() //nolint:staticcheck // still sent by older engines
+	if info != nil {
+		if dir := info.GetProgramDirectory(); dir != "" {
+			program = dir
+			if ep := info.GetEntryPoint(); ep != "" && ep != "." {
+				program = filepath.Join(dir, ep)
+			}
+		}
+	}
+	if program == "" {
+		return errors.New("RunPlugin: the request names no plugin program")
+	}
+	env := req.GetEnv()
+	if len(env) == 0 {
+		env = os.Environ()
+	}
+	py := pythonCmdEnv(info, env)
+	if strings.ContainsRune(py, filepath.Separator) {
+		if _, err := os.Stat(py); err != nil {
+			return fmt.Errorf("RunPlugin: python interpreter for %s: %w "+
+				"(set PULUMI_PYTHON_CMD, or the virtualenv runtime option)", program, err)
+		}
+	} else if _, err := exec.LookPath(py); err != nil {
+		return fmt.Errorf("RunPlugin: python interpreter for %s: %w", program, err)
+	}
+
+	args := append([]string{"-u", program}, req.GetArgs()...)
+	cmd := exec.CommandContext(server.Context(), py, args...)
+	cmd.Dir = req.GetPwd()
+	cmd.Env = append(activateVenv(env, py), "PYTHONUNBUFFERED=1")
+	// Stopping the plugin (the engine cancels the stream) kills it; don't then wait forever
+	// for pipes that a grandchild may hold open.
+	cmd.WaitDelay = 5 * time.Second
+	var mu sync.Mutex
+	cmd.Stdout = streamWriter{mu: &mu, send: func(b []byte) error {
+		return server.Send(&pulumirpc.RunPluginResponse{
+			Output: &pulumirpc.RunPluginResponse_Stdout{Stdout: b},
+		})
+	}}
+	cmd.Stderr = streamWriter{mu: &mu, send: func(b []byte) error {
+		return server.Send(&pulumirpc.RunPluginResponse{
+			Output: &pulumirpc.RunPluginResponse_Stderr{Stderr: b},
+		})
+	}}
+
+	if err := cmd.Run(); err != nil {
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			code := exitErr.ExitCode()
+			if code < 0 { // killed by a signal
+				code = 1
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			return server.Send(&pulumirpc.RunPluginResponse{
+				Output: &pulumirpc.RunPluginResponse_Exitcode{Exitcode: int32(code)}, //nolint:gosec // 0..255
+			})
+		}
+		return fmt.Errorf("RunPlugin: could not run %s %s: %w", py, program, err)
+	}
+	return nil
+}
+
+// InstallDependencies installs nothing: programs and plugins (the policy pack) use the
+// virtualenv that `pip install -e .` sets up, offline. It reports the interpreter it would use,
+// and fails when that interpreter cannot run.
+func (h *host) InstallDependencies(
+	req *pulumirpc.InstallDependenciesRequest,
+	server pulumirpc.LanguageRuntime_InstallDependenciesServer,
+) error {
+	py := pythonCmd(req.GetInfo())
+	out, err := exec.CommandContext(server.Context(), py, "--version").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("running %s --version: %w: %s", py, err, strings.TrimSpace(string(out)))
+	}
+	msg := fmt.Sprintf("Using %s (%s); this language host installs no dependencies "+
+		"(pip install -e . sets up the virtualenv).\n", py, strings.TrimSpace(string(out)))
+	return server.Send(&pulumirpc.InstallDependenciesResponse{Stdout: []byte(msg)})
 }

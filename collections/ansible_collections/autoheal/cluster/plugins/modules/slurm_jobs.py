@@ -1,0 +1,317 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: autoheal maintainers
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: slurm_jobs
+short_description: List, signal and requeue the Slurm jobs running on a batch of nodes
+description:
+  - Finds the jobs running on any of O(nodes) (a multi-node job is handled once, on all its nodes).
+  - With O(action=evacuate) it sends O(signal) (SIGTERM) to every process of those jobs in one
+    C(scancel --signal=TERM) call (job steps; the batch shell of jobs that run no step), waits up to O(grace_seconds) for them to end (a job that
+    traps SIGTERM writes its checkpoint and exits), then requeues the batch jobs that allow it with
+    one C(scontrol requeue) call. Jobs that do not allow requeue (C(--no-requeue), or interactive
+    jobs) are signalled and reported in RV(not_requeued); they are never requeued.
+  - Jobs still running when the grace period ends are requeued too (Slurm then sends SIGTERM and,
+    after C(KillWait), SIGKILL) when O(requeue_after_grace) is true.
+  - A job Slurm has already requeued by itself (it is C(PENDING) again) counts as requeued.
+  - Idempotent - a second run finds no running jobs on the nodes and changes nothing.
+  - >-
+    Parses C(squeue --json) from Slurm 22.05 (data parser openapi/v0.0.38) and newer releases.
+    Differences handled - C(job_state) is a string (C("RUNNING")) in 22.05 and a list
+    (C(["RUNNING"])) from 23.02 on; numeric fields such as C(end_time) are plain integers in 22.05
+    and C({"set": true, "infinite": false, "number": N}) objects later; the allocated nodes are the
+    hostlist string C(nodes) in every release, with C(job_resources.allocated_nodes[].nodename) in
+    22.05 and C(job_resources.nodes.allocation[].name) in 24.x as fall-backs; 22.05 ignores C(-w)
+    with C(--json), so the module filters by node itself.
+version_added: 0.1.0
+author: autoheal maintainers
+options:
+  nodes:
+    description: Slurm node names whose jobs are wanted.
+    type: list
+    elements: str
+    required: true
+  action:
+    description:
+      - C(list) only reads; C(signal) signals and returns at once; C(evacuate) signals, waits for the
+        grace period and requeues.
+    type: str
+    default: evacuate
+    choices: [list, signal, evacuate]
+  signal:
+    description: Signal to send.
+    type: str
+    default: TERM
+    choices: [TERM, INT, USR1, USR2, CONT]
+  grace_seconds:
+    description: How long to wait after the signal for the jobs to end (checkpoint) before requeueing.
+    type: int
+    default: 120
+  poll_interval:
+    description: Seconds between C(squeue) polls while waiting.
+    type: float
+    default: 1
+  requeue:
+    description: Requeue the jobs that allow it. When false, jobs are only signalled and waited for.
+    type: bool
+    default: true
+  requeue_after_grace:
+    description: Requeue jobs still running when the grace period ends (Slurm kills them after KillWait).
+    type: bool
+    default: true
+  slurm_conf:
+    description: Path to slurm.conf (exported as C(SLURM_CONF)).
+    type: path
+  bin_dir:
+    description: Directory holding C(squeue), C(scancel) and C(scontrol); default is the C(PATH).
+    type: path
+  timeout:
+    description: Seconds allowed per Slurm command.
+    type: int
+    default: 30
+notes:
+  - Check mode lists the jobs and reports what would be signalled and requeued; it sends nothing.
+  - A job that finishes on its own between the listing and the signal is still requeued if it
+    allows requeue (Slurm cannot tell the two apart); batch scripts should make a restart after
+    completion harmless (a checkpoint that says "done").
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Give the jobs on the failed nodes two minutes to checkpoint, then requeue them
+  autoheal.cluster.slurm_jobs:
+    nodes: [gpu-3]
+    action: evacuate
+    grace_seconds: 120
+    slurm_conf: /etc/slurm/slurm.conf
+  register: evac
+
+- name: Only list the jobs
+  autoheal.cluster.slurm_jobs:
+    nodes: "{{ autoheal_nodes }}"
+    action: list
+"""
+
+RETURN = r"""
+jobs:
+  description: The jobs found on the nodes, with what happened to each.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - job_id: 12
+      name: train
+      nodes: [gpu-3, gpu-4]
+      state_before: RUNNING
+      state_after: PENDING
+      requeueable: true
+      signalled: true
+      ended_in_grace: true
+      requeued: true
+job_ids:
+  description: Ids of the jobs found running on the nodes.
+  returned: always
+  type: list
+  elements: int
+signalled_job_ids:
+  description: Jobs signalled (would be, in check mode).
+  returned: always
+  type: list
+  elements: int
+requeued_job_ids:
+  description: Jobs requeued (would be, in check mode).
+  returned: always
+  type: list
+  elements: int
+not_requeued:
+  description: Jobs not requeued, with why (no requeue allowed, not a batch job, requeue failed).
+  returned: always
+  type: list
+  elements: dict
+still_running_job_ids:
+  description: Jobs still running when the grace period ended.
+  returned: always
+  type: list
+  elements: int
+waited_seconds:
+  description: Seconds spent waiting for the jobs to end.
+  returned: always
+  type: float
+signalled_at:
+  description: Epoch time of the signal (null when nothing was signalled).
+  returned: always
+  type: float
+commands:
+  description: Commands run (argv lists).
+  returned: always
+  type: list
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import (
+    SLURM_COMMON_ARGS,
+    Slurm,
+    validate_nodes,
+)
+
+ACTIVE = ("RUNNING", "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT")
+ENDING = ACTIVE + ("COMPLETING",)
+REQUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+
+
+def by_id(jobs):
+    return dict((j["job_id"], j) for j in jobs)
+
+
+def jobs_with_steps(slurm, ids):
+    """Job ids among `ids` that run at least one job step besides the batch script and extern."""
+    rc, out, _ = slurm.run(["squeue", "--noheader", "--steps", "--format=%i",
+                            "--jobs=" + ",".join(str(i) for i in ids)], check_rc=False)
+    found = set()
+    for line in (out or "").split() if rc == 0 else []:
+        job, _, step = line.partition(".")
+        if step.isdigit() and job.isdigit():
+            found.add(int(job))
+    return found
+
+
+def main():
+    argument_spec = dict(
+        nodes=dict(type="list", elements="str", required=True),
+        action=dict(type="str", default="evacuate", choices=["list", "signal", "evacuate"]),
+        signal=dict(type="str", default="TERM", choices=["TERM", "INT", "USR1", "USR2", "CONT"]),
+        grace_seconds=dict(type="int", default=120),
+        poll_interval=dict(type="float", default=1),
+        requeue=dict(type="bool", default=True),
+        requeue_after_grace=dict(type="bool", default=True),
+    )
+    argument_spec.update(SLURM_COMMON_ARGS)
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    p = module.params
+    nodes = set(validate_nodes(module, p["nodes"]))
+    if p["grace_seconds"] < 0:
+        module.fail_json(msg="grace_seconds must be >= 0")
+
+    slurm = Slurm(module)
+    found = [j for j in slurm.jobs() if j["state"] in ACTIVE and nodes.intersection(j["nodes"])]
+    found.sort(key=lambda j: j["job_id"])
+    records = []
+    for j in found:
+        records.append(dict(
+            job_id=j["job_id"], name=j["name"], user=j["user"], nodes=j["nodes"],
+            state_before=j["state"], state_after=j["state"],
+            requeueable=bool(j["requeue"] and j["batch"]), batch=j["batch"],
+            restart_count=j["restart_count"], signalled=False, ended_in_grace=False, requeued=False,
+        ))
+    result = dict(changed=False, jobs=records, job_ids=[r["job_id"] for r in records],
+                  signalled_job_ids=[], requeued_job_ids=[], not_requeued=[],
+                  still_running_job_ids=[], waited_seconds=0.0, signalled_at=None,
+                  commands=slurm.commands)
+
+    if p["action"] == "list" or not records:
+        module.exit_json(**result)
+
+    ids = [r["job_id"] for r in records]
+    result["changed"] = True
+    result["signalled_job_ids"] = ids
+    do_requeue = p["action"] == "evacuate" and p["requeue"]
+    for r in records:
+        r["signalled"] = True
+        if do_requeue and not r["requeueable"]:
+            why = "job does not allow requeue" if r["batch"] else "not a batch job"
+            result["not_requeued"].append(dict(job_id=r["job_id"], name=r["name"], reason=why))
+    if module.check_mode:
+        if do_requeue:
+            result["requeued_job_ids"] = [r["job_id"] for r in records if r["requeueable"]]
+        module.exit_json(**result)
+
+    # Who gets the signal: the tasks of a job's steps (the training processes srun started), or,
+    # for a job that runs no step, its batch shell. Never both with --full: that signals srun
+    # itself, which answers SIGTERM by killing its tasks at once ("forcing job termination"), so
+    # they never get to checkpoint. One scancel call per group, for the whole batch; a job that
+    # ended meanwhile makes scancel complain, which is not fatal.
+    with_steps = jobs_with_steps(slurm, ids)
+    groups = [([i for i in ids if i in with_steps], []),
+              ([i for i in ids if i not in with_steps], ["--batch"])]
+    result["signalled_at"] = time.time()
+    errors = []
+    for group, flags in groups:
+        if not group:
+            continue
+        rc, out, err = slurm.run(["scancel", "--signal=%s" % p["signal"]] + flags
+                                 + [str(i) for i in group], check_rc=False)
+        if rc != 0:
+            errors.append((err or out).strip())
+    if errors:
+        result["signal_stderr"] = "; ".join(errors)
+    if p["action"] == "signal":
+        module.exit_json(**result)
+
+    # Wait for the jobs to end (checkpoint + exit) or the grace period to pass.
+    deadline = result["signalled_at"] + p["grace_seconds"]
+    while True:
+        now = by_id(slurm.jobs())
+        running = [i for i in ids if i in now and now[i]["state"] in ENDING]
+        if not running or time.time() >= deadline:
+            break
+        time.sleep(min(p["poll_interval"], max(0.05, deadline - time.time())))
+    result["waited_seconds"] = round(time.time() - result["signalled_at"], 3)
+    for r in records:
+        cur = now.get(r["job_id"])
+        r["state_after"] = cur["state"] if cur else "GONE"
+        r["ended_in_grace"] = r["job_id"] not in running
+    result["still_running_job_ids"] = running
+
+    if do_requeue:
+        todo = []
+        for r in records:
+            if not r["requeueable"]:
+                continue
+            if r["state_after"] in REQUEUED:  # Slurm requeued it already
+                r["requeued"] = True
+                continue
+            if r["job_id"] in running and not p["requeue_after_grace"]:
+                result["not_requeued"].append(dict(job_id=r["job_id"], name=r["name"],
+                                                   reason="still running after the grace period"))
+                continue
+            todo.append(r["job_id"])
+        failed = {}
+        if todo:
+            rc, out, err = slurm.run(["scontrol", "requeue", ",".join(str(i) for i in todo)],
+                                     check_rc=False)
+            if rc != 0:  # find out which ones, one by one
+                for i in todo:
+                    rc1, out1, err1 = slurm.run(["scontrol", "requeue", str(i)], check_rc=False)
+                    if rc1 != 0:
+                        failed[i] = (err1 or out1).strip()
+        after = by_id(slurm.jobs())
+        for r in records:
+            if r["job_id"] in todo:
+                cur = after.get(r["job_id"])
+                r["state_after"] = cur["state"] if cur else "GONE"
+                if r["job_id"] in failed:
+                    result["not_requeued"].append(dict(job_id=r["job_id"], name=r["name"],
+                                                       reason="requeue failed: %s" % failed[r["job_id"]]))
+                else:
+                    r["requeued"] = True
+        result["requeued_job_ids"] = [r["job_id"] for r in records if r["requeued"]]
+        if failed:
+            module.fail_json(msg="requeue failed for jobs %s" % sorted(failed), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: autoheal maintainers
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: slurm_node
+short_description: Drain, down or resume a batch of Slurm nodes, owning only autoheal's reasons
+description:
+  - Sets the state of a list of Slurm nodes with one C(scontrol update nodename=<hostlist>) call.
+  - The reason is owned by autoheal - it always starts with O(reason_prefix) (added when missing).
+  - A node that is already drained or down with a reason B(without) that prefix was put there by an
+    administrator (or by Slurm itself, e.g. C(Not responding)); it is never overridden or resumed and
+    is reported in RV(skipped_nodes).
+  - O(state=drain) is satisfied by a node that is drained B(or down) with exactly the wanted reason;
+    O(state=down) by a node that is down with that reason; O(state=resume) by a node that is neither
+    drained nor down.
+  - Reads state with C(sinfo --json) (Slurm 22.05 openapi/v0.0.38 and newer layouts), so it reports
+    C(changed) only when it sends an update, and verifies the new state afterwards.
+version_added: 0.1.0
+author: autoheal maintainers
+options:
+  nodes:
+    description: Slurm node names (validated against the Kubernetes/Slurm node name grammar).
+    type: list
+    elements: str
+    required: true
+  state:
+    description:
+      - Wanted state. C(keep) leaves the state alone and only manages O(comment).
+    type: str
+    required: true
+    choices: [drain, down, resume, keep]
+  reason:
+    description:
+      - Reason to set with O(state=drain) or O(state=down), e.g. C(XID 79 gpu3 inc-123).
+      - O(reason_prefix) is prepended when missing.
+      - Letters, digits, space and C(_.,:;/+()#@%=-[]) only, at most 240 characters.
+    type: str
+  reasons:
+    description:
+      - >-
+        Per node reasons, C({node: reason}), overriding O(reason) for those nodes (e.g. each with
+        its own incident id). Nodes sharing a reason share one C(scontrol) call; the calls for
+        different reasons run concurrently.
+    type: dict
+    default: {}
+  reason_prefix:
+    description: The prefix that marks a reason as ours.
+    type: str
+    default: "autoheal: "
+  only_reason:
+    description:
+      - With O(state=resume), resume only nodes whose current reason equals this text (e.g. the
+        hot-spare reason); others that are drained or down are skipped.
+    type: str
+  comment:
+    description:
+      - >-
+        Node comment to set in the same call (e.g. C(autoheal: replaces gpu-3)); an empty string
+        clears it. Left alone when omitted.
+    type: str
+  allow_missing:
+    description: Do not fail when some nodes are unknown to Slurm (they are still reported).
+    type: bool
+    default: false
+  verify_seconds:
+    description: How long to wait for slurmctld to show the new state before failing.
+    type: float
+    default: 10
+  slurm_conf:
+    description: Path to slurm.conf (exported as C(SLURM_CONF) to the Slurm commands).
+    type: path
+  bin_dir:
+    description: Directory holding C(scontrol) and C(sinfo); default is the C(PATH).
+    type: path
+  timeout:
+    description: Seconds allowed per Slurm command.
+    type: int
+    default: 30
+notes:
+  - Check mode reports what would change and runs only read-only commands.
+  - Supports diff mode (per node state, flags and reason before and after).
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+"""
+
+EXAMPLES = r"""
+- name: Fence the failed nodes in Slurm (one scontrol call for the batch)
+  autoheal.cluster.slurm_node:
+    nodes: [gpu-3, gpu-4]
+    state: drain
+    reason: "XID 79 gpu3 inc-42"
+    slurm_conf: /etc/slurm/slurm.conf
+
+- name: Set them down once their jobs are requeued
+  autoheal.cluster.slurm_node:
+    nodes: [gpu-3, gpu-4]
+    state: down
+    reason: "XID 79 gpu3 inc-42"
+
+- name: Promote a hot spare (only if it still carries the spare reason)
+  autoheal.cluster.slurm_node:
+    nodes: [gpu-5]
+    state: resume
+    only_reason: "autoheal: hot spare"
+    comment: "autoheal: replaces gpu-3 inc-42"
+"""
+
+RETURN = r"""
+changed_nodes:
+  description: Nodes updated (or that would be, in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: [gpu-3]
+unchanged_nodes:
+  description: Nodes already in the wanted state.
+  returned: always
+  type: list
+  elements: str
+skipped_nodes:
+  description: Nodes left alone because someone else holds them (reason not ours).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{node: gpu-4, state: idle, flags: [DRAIN], reason: "bad dimm, ticket 881"}]
+missing_nodes:
+  description: Nodes Slurm does not know.
+  returned: always
+  type: list
+  elements: str
+reasons:
+  description: The full per node reasons used (with prefix).
+  returned: always
+  type: dict
+reason:
+  description: The full reason used (with prefix).
+  returned: always
+  type: str
+  sample: "autoheal: XID 79 gpu3 inc-42"
+hostlist:
+  description: The hostlist passed to scontrol (empty when nothing changed).
+  returned: always
+  type: str
+  sample: gpu-[3-4]
+nodes_after:
+  description: Per node state after the change (predicted in check mode).
+  returned: always
+  type: dict
+commands:
+  description: Commands run (argv lists).
+  returned: always
+  type: list
+"""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import (
+    DEFAULT_PREFIX,
+    SLURM_COMMON_ARGS,
+    Slurm,
+    compress_hostlist,
+    validate_nodes,
+    validate_text,
+)
+
+
+def summary(rec):
+    if rec is None:
+        return None
+    return dict(state=rec["state"], flags=rec["flags"], reason=rec["reason"], comment=rec["comment"])
+
+
+def owned(rec, prefix):
+    reason = rec["reason"]
+    return reason == "" or reason.startswith(prefix.rstrip())
+
+
+def held(rec):
+    return rec["drained"] or rec["down"]
+
+
+def plan(rec, state, reason, prefix, only_reason, comment):
+    """Return (action, argv-words) for one node; action in ok/change/skip."""
+    words = []
+    if held(rec) and not owned(rec, prefix):
+        return "skip", words
+    if state == "drain":
+        if not (held(rec) and rec["reason"] == reason):
+            words = ["state=drain", "reason=%s" % reason]
+    elif state == "down":
+        if not (rec["down"] and rec["reason"] == reason):
+            words = ["state=down", "reason=%s" % reason]
+    elif state == "resume":
+        if held(rec):
+            if only_reason is not None and rec["reason"] != only_reason:
+                return "skip", words
+            words = ["state=resume"]
+    if comment is not None and rec["comment"] != comment:
+        words.append("comment=%s" % comment)
+    return ("change" if words else "ok"), words
+
+
+def predict(rec, words):
+    after = dict(rec)
+    after["flags"] = list(rec["flags"])
+    for w in words:
+        key, _, value = w.partition("=")
+        if key == "state" and value == "drain":
+            if "DRAIN" not in after["flags"]:
+                after["flags"] = sorted(after["flags"] + ["DRAIN"])
+        elif key == "state" and value == "down":
+            after["state"] = "down"
+        elif key == "state" and value == "resume":
+            after["flags"] = [f for f in after["flags"] if f != "DRAIN"]
+            if after["state"] == "down":
+                after["state"] = "idle"
+            after["reason"] = ""
+        elif key == "reason":
+            after["reason"] = value
+        elif key == "comment":
+            after["comment"] = value
+    after["drained"] = "DRAIN" in after["flags"]
+    after["down"] = after["state"] == "down"
+    return after
+
+
+def satisfied(rec, state, reason, comment):
+    if rec is None:
+        return False
+    if comment is not None and rec["comment"] != comment:
+        return False
+    if state == "drain":
+        return held(rec) and rec["reason"] == reason
+    if state == "down":
+        return rec["down"] and rec["reason"] == reason
+    if state == "keep":
+        return True
+    return not held(rec)
+
+
+def main():
+    argument_spec = dict(
+        nodes=dict(type="list", elements="str", required=True),
+        state=dict(type="str", required=True, choices=["drain", "down", "resume", "keep"]),
+        reason=dict(type="str"),
+        reasons=dict(type="dict", default={}),
+        reason_prefix=dict(type="str", default=DEFAULT_PREFIX),
+        only_reason=dict(type="str"),
+        comment=dict(type="str"),
+        allow_missing=dict(type="bool", default=False),
+        verify_seconds=dict(type="float", default=10),
+    )
+    argument_spec.update(SLURM_COMMON_ARGS)
+    module = AnsibleModule(
+        argument_spec=argument_spec,
+        supports_check_mode=True,
+        required_if=[("state", "drain", ["reason", "reasons"], True),
+                     ("state", "down", ["reason", "reasons"], True)],
+    )
+    p = module.params
+    nodes = validate_nodes(module, p["nodes"])
+    prefix = p["reason_prefix"]
+
+    def full_reason(text, field):
+        if text is None:
+            return None
+        if not text.startswith(prefix):
+            text = prefix + text
+        return validate_text(module, text, field)
+
+    reason = full_reason(p["reason"], "reason")
+    per_node = {}
+    for name, text in (p["reasons"] or {}).items():
+        per_node[name] = full_reason(str(text), "reasons[%s]" % name)
+    missing_reason = [n for n in nodes if p["state"] in ("drain", "down") and per_node.get(n, reason) is None]
+    if missing_reason:
+        module.fail_json(msg="no reason for: %s" % ", ".join(missing_reason))
+    comment = p["comment"]
+    if comment:
+        validate_text(module, comment, "comment")
+
+    slurm = Slurm(module)
+    before = slurm.nodes()
+
+    result = dict(changed=False, changed_nodes=[], unchanged_nodes=[], skipped_nodes=[],
+                  missing_nodes=[], reason=reason or "", reasons=per_node, hostlist="", nodes_after={},
+                  commands=slurm.commands)
+    groups = {}
+    for name in nodes:
+        rec = before.get(name)
+        if rec is None:
+            result["missing_nodes"].append(name)
+            continue
+        action, words = plan(rec, p["state"], per_node.get(name, reason), prefix, p["only_reason"], comment)
+        if action == "skip":
+            result["skipped_nodes"].append(dict(node=name, state=rec["state"], flags=rec["flags"],
+                                                reason=rec["reason"]))
+            result["nodes_after"][name] = summary(rec)
+        elif action == "ok":
+            result["unchanged_nodes"].append(name)
+            result["nodes_after"][name] = summary(rec)
+        else:
+            result["changed_nodes"].append(name)
+            groups.setdefault(tuple(words), []).append(name)
+            result["nodes_after"][name] = summary(predict(rec, words))
+
+    if result["changed_nodes"]:
+        result["changed"] = True
+        result["hostlist"] = compress_hostlist(result["changed_nodes"])
+        if module._diff:
+            result["diff"] = dict(
+                before=dict((n, summary(before[n])) for n in result["changed_nodes"]),
+                after=dict((n, result["nodes_after"][n]) for n in result["changed_nodes"]),
+            )
+
+    if result["changed_nodes"] and not module.check_mode:
+        calls = [["scontrol", "update", "nodename=%s" % compress_hostlist(names)] + list(words)
+                 for words, names in groups.items()]
+        if len(calls) == 1:
+            slurm.run(calls[0])
+        else:
+            with ThreadPoolExecutor(max_workers=min(8, len(calls))) as pool:
+                outs = list(pool.map(lambda argv: (argv, slurm.run(argv, check_rc=False)), calls))
+            bad = [(argv, r) for argv, r in outs if r[0] != 0]
+            if bad:
+                module.fail_json(msg="scontrol failed: %s" % "; ".join(
+                    "%s: %s" % (argv[2], (r[2] or r[1]).strip()) for argv, r in bad), **result)
+        deadline = time.time() + p["verify_seconds"]
+        while True:
+            now = slurm.nodes()
+            pending = [n for n in result["changed_nodes"]
+                       if not satisfied(now.get(n), p["state"], per_node.get(n, reason), comment)]
+            if not pending or time.time() >= deadline:
+                break
+            time.sleep(0.2)
+        for n in result["changed_nodes"]:
+            result["nodes_after"][n] = summary(now.get(n))
+        if pending:
+            module.fail_json(msg="Slurm did not reach state %s on: %s" % (p["state"], ", ".join(pending)),
+                             **result)
+
+    if result["missing_nodes"] and not p["allow_missing"]:
+        module.fail_json(msg="unknown to Slurm: %s" % ", ".join(result["missing_nodes"]), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

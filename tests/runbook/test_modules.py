@@ -1,0 +1,309 @@
+"""The autoheal.cluster modules against real Slurm (and the lab's Kubernetes): changed, then not
+changed; check mode changes nothing; an administrator's drain or cordon is never touched."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.runbook.conftest import run_module, wait_for
+
+pytestmark = pytest.mark.lab
+
+
+def conf(lab: Any) -> dict[str, str]:
+    return {"slurm_conf": str(lab.slurm_conf)}
+
+
+def reset(lab: Any, *nodes: str) -> None:
+    for n in nodes:
+        lab.slurm("scontrol", "update", f"nodename={n}", "state=resume", check=False)
+        lab.slurm("scontrol", "update", f"nodename={n}", "comment=", check=False)
+
+
+def test_slurm_node_drain_reports_changed_once_then_nothing(lab):
+    args = {"nodes": ["gpu-1", "gpu-2"], "state": "drain", "reason": "XID 79 gpu3 inc-a", **conf(lab)}
+    try:
+        first = run_module("slurm_node", args)
+        assert first["changed"] and sorted(first["changed_nodes"]) == ["gpu-1", "gpu-2"]
+        # one scontrol call with a hostlist for the batch
+        updates = [c for c in first["commands"] if "update" in c]
+        assert len(updates) == 1 and "nodename=gpu-[1-2]" in updates[0]
+        for n in ("gpu-1", "gpu-2"):
+            node = lab.node(n)
+            assert "DRAIN" in node["state_flags"] and node["reason"] == "autoheal: XID 79 gpu3 inc-a"
+        second = run_module("slurm_node", args)
+        assert not second["changed"] and sorted(second["unchanged_nodes"]) == ["gpu-1", "gpu-2"]
+    finally:
+        reset(lab, "gpu-1", "gpu-2")
+
+
+def test_slurm_node_check_mode_predicts_but_changes_nothing(lab):
+    before = lab.node("gpu-3")
+    res = run_module(
+        "slurm_node", {"nodes": ["gpu-3"], "state": "down", "reason": "x", **conf(lab)}, check=True
+    )
+    assert res["changed"] and res["changed_nodes"] == ["gpu-3"]
+    assert res["nodes_after"]["gpu-3"]["state"] == "down"
+    assert all("update" not in c for c in res["commands"])
+    after = lab.node("gpu-3")
+    assert (after["state"], after["state_flags"], after["reason"]) == (
+        before["state"],
+        before["state_flags"],
+        before["reason"],
+    )
+
+
+def test_slurm_node_never_overrides_or_clears_an_admin_drain(lab):
+    lab.slurm("scontrol", "update", "nodename=gpu-4", "state=drain", "reason=bad dimm ticket 881")
+    try:
+        for state in ("drain", "down", "resume"):
+            res = run_module(
+                "slurm_node", {"nodes": ["gpu-4"], "state": state, "reason": "XID 79", **conf(lab)}
+            )
+            assert not res["changed"], state
+            assert [s["node"] for s in res["skipped_nodes"]] == ["gpu-4"]
+            assert res["skipped_nodes"][0]["reason"] == "bad dimm ticket 881"
+            node = lab.node("gpu-4")
+            assert "DRAIN" in node["state_flags"] and node["reason"] == "bad dimm ticket 881"
+            assert node["state"] != "down"
+    finally:
+        lab.slurm("scontrol", "update", "nodename=gpu-4", "state=resume")
+
+
+def test_slurm_node_down_then_resume_round_trip(lab):
+    args = {"nodes": ["gpu-3"], "reason": "XID 79 inc-b", **conf(lab)}
+    try:
+        assert run_module("slurm_node", {**args, "state": "down"})["changed"]
+        assert lab.node("gpu-3")["state"] == "down"
+        # a node that is DOWN with our reason also satisfies "drain": a rerun of the fence changes nothing
+        assert not run_module("slurm_node", {**args, "state": "drain"})["changed"]
+        assert not run_module("slurm_node", {**args, "state": "down"})["changed"]
+        res = run_module("slurm_node", {"nodes": ["gpu-3"], "state": "resume", **conf(lab)})
+        assert res["changed"]
+        assert wait_for(lambda: lab.node("gpu-3")["state"] in ("idle", "mixed", "allocated"), 15, "resume")
+        assert not run_module("slurm_node", {"nodes": ["gpu-3"], "state": "resume", **conf(lab)})["changed"]
+    finally:
+        reset(lab, "gpu-3")
+
+
+def test_slurm_node_rejects_hostile_names_before_running_anything(lab):
+    res = run_module("slurm_node", {"nodes": ["gpu-1,gpu-2"], "state": "drain", "reason": "x", **conf(lab)})
+    assert res.get("failed") and "invalid node name" in res["msg"]
+    res = run_module("slurm_node", {"nodes": ["gpu-1"], "state": "drain", "reason": "x\ny", **conf(lab)})
+    assert res.get("failed")
+    assert lab.node("gpu-1")["state_flags"] == []
+
+
+def test_slurm_node_unknown_nodes_fail_after_the_known_ones_are_fenced(lab):
+    try:
+        res = run_module(
+            "slurm_node", {"nodes": ["gpu-2", "gpu-99"], "state": "drain", "reason": "x", **conf(lab)}
+        )
+        assert res.get("failed") and res["missing_nodes"] == ["gpu-99"]
+        assert "DRAIN" in lab.node("gpu-2")["state_flags"]
+    finally:
+        reset(lab, "gpu-2")
+
+
+def test_slurm_jobs_evacuate_signals_waits_requeues_and_reports_no_requeue_jobs(lab, tmp_path):
+    log = tmp_path / "trap.log"
+    script = tmp_path / "trap.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"trap 'echo TERM $SLURM_JOB_ID >> {log}; exit 0' TERM\n"
+        "while true; do sleep 0.5 & wait $!; done\n"
+    )
+    script.chmod(0o755)
+    lab.slurm(
+        "scontrol", "update", "nodename=gpu-1,gpu-2", "state=drain", "reason=autoheal: test", check=False
+    )
+    lab.slurm("scontrol", "update", "nodename=gpu-1,gpu-2", "state=resume")
+    a = lab.sbatch("-N1", "-w", "gpu-1", "--requeue", "-o", "/dev/null", str(script))
+    b = lab.sbatch("-N1", "-w", "gpu-2", "--no-requeue", "-o", "/dev/null", str(script))
+    try:
+        wait_for(lambda: all(lab.jobs()[j]["job_state"] == "RUNNING" for j in (a, b)), 30, "jobs running")
+        # fence first, as the runbook does, so the requeued job cannot come back to these nodes
+        lab.slurm("scontrol", "update", "nodename=gpu-[1-2]", "state=drain", "reason=autoheal: test")
+        args = {"nodes": ["gpu-1", "gpu-2"], "grace_seconds": 30, **conf(lab)}
+        dry = run_module("slurm_jobs", args, check=True)
+        assert dry["changed"] and sorted(dry["job_ids"]) == sorted([a, b]) and dry["requeued_job_ids"] == [a]
+        assert lab.jobs()[a]["job_state"] == "RUNNING"  # check mode sent nothing
+
+        res = run_module("slurm_jobs", args)
+        assert res["changed"] and res["requeued_job_ids"] == [a]
+        assert [x["job_id"] for x in res["not_requeued"]] == [b]
+        assert res["still_running_job_ids"] == [] and res["waited_seconds"] < 30
+        assert sorted(log.read_text().split()) == sorted(["TERM", str(a), "TERM", str(b)])
+        jobs = lab.jobs()
+        assert jobs[a]["job_state"] == "PENDING" and jobs[a]["restart_cnt"] == 1
+        assert jobs[b]["job_state"] == "COMPLETED"
+        again = run_module("slurm_jobs", args)
+        assert not again["changed"] and again["job_ids"] == []
+    finally:
+        lab.slurm("scancel", str(a), str(b), check=False)
+        reset(lab, "gpu-1", "gpu-2")
+
+
+def test_slurm_spares_promotes_one_spare_per_incident_only_once(fresh_lab):
+    lab = fresh_lab
+    args = {"nodes": ["gpu-2"], "incident_ids": ["inc-s1"], **conf(lab)}
+    dry = run_module("slurm_spares", args, check=True)
+    assert dry["changed"] and dry["promotions"][0]["spare"] == "gpu-5"
+    assert "DRAIN" in lab.node("gpu-5")["state_flags"]
+    res = run_module("slurm_spares", args)
+    assert res["changed"] and res["promoted_spares"] == ["gpu-5"]
+    spare = lab.node("gpu-5")
+    assert "DRAIN" not in spare["state_flags"] and spare["comment"] == "autoheal: replaces gpu-2 inc-s1"
+    again = run_module("slurm_spares", args)
+    assert not again["changed"] and again["promotions"][0]["status"] == "already"
+    assert "DRAIN" in lab.node("gpu-6")["state_flags"]  # the other spare is untouched
+    # a new incident on another node takes the next spare; then the pool has none left
+    two = run_module("slurm_spares", {"nodes": ["gpu-3", "gpu-4"], "incident_ids": ["i3", "i4"], **conf(lab)})
+    assert [p["spare"] for p in two["promotions"]] == ["gpu-6", None] and two["shortfall"] == ["gpu-4"]
+
+
+@pytest.mark.kube
+def test_k8s_nodes_quarantine_is_idempotent_and_leaves_an_admin_cordon(kube_lab):
+    lab = kube_lab
+    kc = str(lab.kubeconfig)
+    lab.kubectl("cordon", "gpu-4")  # an administrator's cordon
+    args = {
+        "nodes": ["gpu-3", "gpu-4"],
+        "cordon": True,
+        "kubeconfig": kc,
+        "labels": {"autoheal.io/state": "quarantined"},
+        "taints": [{"key": "autoheal.io/quarantine", "value": "replace", "effect": "NoSchedule"}],
+    }
+    try:
+        dry = run_module("k8s_nodes", args, check=True)
+        assert dry["changed"] and "autoheal.io/quarantine" not in json.dumps(lab.kube_node("gpu-3")["spec"])
+        res = run_module("k8s_nodes", args)
+        assert sorted(res["changed_nodes"]) == ["gpu-3", "gpu-4"]
+        n3 = lab.kube_node("gpu-3")
+        assert n3["spec"]["unschedulable"] is True
+        assert {"key": "autoheal.io/quarantine", "value": "replace", "effect": "NoSchedule"} in n3["spec"][
+            "taints"
+        ]
+        assert n3["metadata"]["labels"]["autoheal.io/state"] == "quarantined"
+        assert not run_module("k8s_nodes", args)["changed"]
+        lift = {
+            "nodes": ["gpu-3", "gpu-4"],
+            "cordon": False,
+            "kubeconfig": kc,
+            "labels": {"autoheal.io/state": None},
+            "taints": [{"key": "autoheal.io/quarantine", "state": "absent"}],
+        }
+        res = run_module("k8s_nodes", lift)
+        assert res["changed"] and [s["node"] for s in res["skipped_nodes"]] == ["gpu-4"]
+        assert not lab.kube_node("gpu-3")["spec"].get("unschedulable")
+        n4 = lab.kube_node("gpu-4")
+        assert n4["spec"]["unschedulable"] is True  # the admin's cordon stays
+        assert "autoheal.io/quarantine" not in json.dumps(n4["spec"].get("taints", []))
+        assert not run_module("k8s_nodes", lift)["changed"]
+    finally:
+        lab.kubectl("uncordon", "gpu-3", "gpu-4", check=False)
+
+
+@pytest.mark.kube
+def test_k8s_nodes_info_reports_opt_out_from_a_pod_label(kube_lab):
+    lab = kube_lab
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "optout-probe",
+            "namespace": "default",
+            "labels": {"autoheal.io/opt-out": "true"},
+        },
+        "spec": {
+            "nodeName": "gpu-2",
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "c", "image": "fake"}],
+        },
+    }
+    lab.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    try:
+        res = run_module(
+            "k8s_nodes_info", {"nodes": ["gpu-1", "gpu-2", "gpu-404"], "kubeconfig": str(lab.kubeconfig)}
+        )
+        assert res["opt_out_nodes"] == {"gpu-2": ["pod default/optout-probe"]}
+        assert res["missing_nodes"] == ["gpu-404"]
+        assert res["nodes"]["gpu-1"]["opt_out"] is False
+    finally:
+        lab.kubectl("delete", "pod", "optout-probe", "--grace-period=0", "--force", check=False)
+
+
+@pytest.mark.kube
+def test_k8s_evict_drains_a_batch_and_reports_what_a_pdb_protects(kube_lab):
+    lab = kube_lab
+    kc = str(lab.kubeconfig)
+
+    def deployment(name: str, node: str, replicas: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {
+                        "nodeSelector": {"kubernetes.io/hostname": node},
+                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                        "containers": [{"name": "c", "image": "fake"}],
+                    },
+                },
+            },
+        }
+
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "guarded", "namespace": "default"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}},
+    }
+    items = [deployment("guarded", "gpu-3", 2), deployment("free", "gpu-4", 1), pdb]
+    lab.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+
+    def pods(app: str, node: str) -> list[str]:
+        out = json.loads(lab.kubectl("get", "pods", "-l", f"app={app}", "-o", "json"))["items"]
+        return [
+            p["metadata"]["name"]
+            for p in out
+            if p["spec"].get("nodeName") == node
+            and not p["metadata"].get("deletionTimestamp")
+            and p.get("status", {}).get("phase") == "Running"
+        ]
+
+    def pdb_ready() -> bool:
+        st = json.loads(lab.kubectl("get", "pdb", "guarded", "-o", "json")).get("status", {})
+        return st.get("currentHealthy") == 2 and st.get("disruptionsAllowed") == 0
+
+    try:
+        wait_for(lambda: len(pods("guarded", "gpu-3")) == 2 and pods("free", "gpu-4"), 90, "pods running")
+        wait_for(pdb_ready, 60, "the PDB to count its pods")
+        lab.kubectl("cordon", "gpu-3", "gpu-4")
+        args = {"nodes": ["gpu-3", "gpu-4"], "kubeconfig": kc, "timeout": 6, "poll": 1}
+        dry = run_module("k8s_evict", args, check=True)
+        assert dry["changed"] and len(dry["evicted"]["gpu-3"]) == 2 and len(dry["evicted"]["gpu-4"]) == 1
+        assert len(pods("guarded", "gpu-3")) == 2 and pods("free", "gpu-4")
+        res = run_module("k8s_evict", args)
+        assert not res["failed"], res
+        assert res["drained_nodes"] == ["gpu-4"] and "gpu-4" not in res["not_evicted"]
+        assert wait_for(lambda: not pods("free", "gpu-4"), 30, "free pod evicted")
+        blocked = res["not_evicted"]["gpu-3"]
+        assert len(blocked) == 2 and all("disruption budget" in b["reason"].lower() for b in blocked)
+        assert len(pods("guarded", "gpu-3")) == 2  # the budget was respected
+    finally:
+        lab.kubectl(
+            "delete",
+            "-f",
+            "-",
+            stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+            check=False,
+        )
+        lab.kubectl("uncordon", "gpu-3", "gpu-4", check=False)

@@ -1,0 +1,139 @@
+"""The Slurm helpers of the collection, without a cluster: hostlists and both JSON layouts."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+MU = (
+    Path(__file__).resolve().parents[2]
+    / "collections/ansible_collections/autoheal/cluster/plugins/module_utils/slurm.py"
+)
+spec = importlib.util.spec_from_file_location("autoheal_slurm_mu", MU)
+assert spec is not None and spec.loader is not None
+slurm = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(slurm)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("gpu-[1-3]", ["gpu-1", "gpu-2", "gpu-3"]),
+        ("gpu-[1,3],cpu-1", ["gpu-1", "gpu-3", "cpu-1"]),
+        ("n[08-10]", ["n08", "n09", "n10"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("gpu-7", ["gpu-7"]),
+        ("", []),
+    ],
+)
+def test_hostlist_expands_like_scontrol(text, names):
+    assert slurm.expand_hostlist(text) == names
+
+
+def test_hostlist_compress_round_trips():
+    names = [f"gpu-{i}" for i in (1, 2, 3, 5, 10, 11)] + ["login"]
+    text = slurm.compress_hostlist(names)
+    assert text == "login,gpu-[1-3,5,10-11]"
+    assert sorted(slurm.expand_hostlist(text)) == sorted(names)
+
+
+def test_sinfo_2205_layout_state_string_and_flags_list():
+    data = {
+        "nodes": [
+            {
+                "name": "gpu-5",
+                "state": "idle",
+                "state_flags": ["DRAIN"],
+                "reason": "autoheal: hot spare",
+                "comment": "",
+                "active_features": "pool_h100",
+                "partitions": ["batch"],
+            }
+        ]
+    }
+    rec = slurm.parse_sinfo(data)["gpu-5"]
+    assert rec["state"] == "idle" and rec["drained"] and not rec["down"]
+    assert rec["features"] == ["pool_h100"] and rec["reason"] == "autoheal: hot spare"
+
+
+def test_sinfo_newer_layout_state_list():
+    data = {
+        "nodes": [
+            {
+                "name": "gpu-3",
+                "state": ["DOWN", "DRAIN", "NOT_RESPONDING"],
+                "reason": "autoheal: XID 79",
+                "features": ["pool_h100"],
+            }
+        ]
+    }
+    rec = slurm.parse_sinfo(data)["gpu-3"]
+    assert rec["down"] and rec["drained"] and not rec["responding"]
+
+
+def test_sinfo_24x_grouped_layout():
+    data = {
+        "sinfo": [
+            {
+                "node": {"state": ["IDLE", "DRAIN"]},
+                "nodes": {"nodes": ["gpu-5", "gpu-6"]},
+                "reason": {"description": "autoheal: hot spare"},
+                "partition": {"name": "batch"},
+                "features": {"active": "pool_h100"},
+            }
+        ]
+    }
+    recs = slurm.parse_sinfo(data)
+    assert set(recs) == {"gpu-5", "gpu-6"}
+    assert recs["gpu-6"]["drained"] and recs["gpu-6"]["reason"] == "autoheal: hot spare"
+
+
+def test_squeue_2205_and_newer_layouts_give_the_same_record():
+    old = {
+        "jobs": [
+            {
+                "job_id": 7,
+                "job_state": "RUNNING",
+                "nodes": "gpu-[1-2]",
+                "requeue": True,
+                "batch_flag": True,
+                "restart_cnt": 0,
+                "end_time": 100,
+                "name": "train",
+            }
+        ]
+    }
+    new = {
+        "jobs": [
+            {
+                "job_id": 7,
+                "job_state": ["RUNNING"],
+                "nodes": "gpu-[1-2]",
+                "requeue": True,
+                "batch_flag": True,
+                "restart_cnt": 0,
+                "end_time": {"set": True, "infinite": False, "number": 100},
+                "name": "train",
+            }
+        ]
+    }
+    a, b = slurm.parse_squeue(old)[0], slurm.parse_squeue(new)[0]
+    assert a == b
+    assert a["state"] == "RUNNING" and a["nodes"] == ["gpu-1", "gpu-2"] and a["end_time"] == 100
+
+
+def test_squeue_falls_back_to_job_resources_allocation():
+    job = {
+        "job_id": 9,
+        "job_state": ["RUNNING"],
+        "nodes": "",
+        "job_resources": {"nodes": {"allocation": [{"name": "gpu-3"}, {"name": "gpu-4"}]}},
+    }
+    assert slurm.parse_squeue({"jobs": [job]})[0]["nodes"] == ["gpu-3", "gpu-4"]
+
+
+@pytest.mark.parametrize("bad", ["GPU-1", "gpu_1", "gpu-1;rm -rf /", "-gpu", "gpu-[1-3]", "a" * 64, ""])
+def test_node_name_grammar_rejects_hostile_names(bad):
+    assert not slurm.NODE_NAME_RE.match(bad)

@@ -120,7 +120,7 @@ def up(cfg: LabConfig, progress: Progress = _quiet) -> LabConfig:
     slurm.check_installed()
     prom.check_installed()
     # a lab always starts fresh: no Slurm, pool or simulator state from an earlier run
-    for stale in ("slurm", "pool", "monitoring", "simulator.json", "pids"):
+    for stale in ("slurm", "pool", "monitoring", "simulator.json", "pids", "pulumi", "runner"):
         path = cfg.run_dir / stale
         if path.is_dir():
             shutil.rmtree(path)

@@ -107,5 +107,8 @@ def destroy(cfg: LabConfig) -> None:
 
 def _summary(out: str) -> str:
     """'37 created' / '2 updated, 35 unchanged' from the Resources section of `pulumi up`."""
-    found = re.findall(r"(\d+ (?:created|updated|unchanged|deleted|replaced))", out)
+    resources = out.split("Resources:", 1)[-1]
+    found = re.findall(
+        r"^\s*[-+~]?\s*(\d+ (?:created|updated|unchanged|deleted|replaced))\s*$", resources, re.M
+    )
     return ", ".join(found) or "done"

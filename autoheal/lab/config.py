@@ -28,7 +28,7 @@ PORTS = {
     "kube": 20,  # a block of 20 for the control plane
 }
 SLURMD_OFFSET = 100
-MAX_NODES = 1900
+MAX_NODES = 2600  # slurmd ports end below 32768 (Linux ephemeral range) for port_base <= 30000
 
 
 class PoolConfig(BaseModel):

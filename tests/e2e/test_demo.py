@@ -1,0 +1,156 @@
+"""The demo, short: a GPU dies during training and the job resumes by itself, end to end.
+
+A lab of its own (tmp root, port base 25500, Kubernetes + runner, grace 30 s, provision delay 1 s),
+one `autoheal.lab.demo.trial`, then checks that the story really happened, in Slurm, in Kubernetes,
+in the runner's journal and in the job's own progress, and that the report was written. While the
+trial runs, a watcher thread records how the faulty node looked in Kubernetes: the runbook retires
+it at the end (the pool deletes the Node object), so the quarantine can only be seen on the way.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from autoheal.lab import demo, runner, slurm
+from autoheal.lab import lab as labmod
+from autoheal.lab.config import LabConfig, PoolConfig
+from autoheal.slurmconf import SPARE_REASON
+
+PORT_BASE = 25500
+QUARANTINE_TAINT = "autoheal.io/quarantine"
+STATE_LABEL = "autoheal.io/state"
+
+pytestmark = [pytest.mark.lab, pytest.mark.kube]
+
+
+class NodeWatch(threading.Thread):
+    """Polls every node's cordon / taint / label in the Kubernetes API until stopped."""
+
+    def __init__(self, cfg: LabConfig) -> None:
+        super().__init__(daemon=True)
+        self.cfg = cfg
+        self.stop_event = threading.Event()
+        self.quarantined: dict[str, dict[str, Any]] = {}  # node -> first quarantined view
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        from autoheal.lab import kube
+
+        with kube.http_client(self.cfg.kubeconfig, pool=2, timeout=5) as http:
+            while not self.stop_event.is_set():
+                try:
+                    for n in http.get("/api/v1/nodes").json()["items"]:
+                        name = n["metadata"]["name"]
+                        spec = n.get("spec", {})
+                        taints = {t["key"] for t in spec.get("taints") or []}
+                        view = {
+                            "unschedulable": bool(spec.get("unschedulable")),
+                            "taint": QUARANTINE_TAINT in taints,
+                            "label": n["metadata"].get("labels", {}).get(STATE_LABEL),
+                            "ts": time.time(),
+                        }
+                        if view["unschedulable"] and view["taint"] and view["label"] == "quarantined":
+                            self.quarantined.setdefault(name, view)
+                except Exception as exc:  # the API may be busy; keep watching
+                    self.errors.append(str(exc)[:200])
+                self.stop_event.wait(0.3)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(10)
+
+
+def test_demo_gpu_dies_and_job_resumes(tmp_path: Path) -> None:
+    if not labmod.kube_available() or not labmod.runner_available():
+        pytest.skip("the lab's Kubernetes tools or the runner are not built (scripts/build-tools.sh)")
+    cfg = LabConfig(
+        name="e2e",
+        root=tmp_path / "labs",
+        port_base=PORT_BASE,
+        pools=[PoolConfig(size=4, spares=2, headroom=2)],
+        kube=True,
+        runner=True,
+        grace_seconds=30,
+        provision_delay=1,
+    )
+    quiet = Console(file=io.StringIO(), width=120)
+    t0 = time.monotonic()
+    watch: NodeWatch | None = None
+    try:
+        labmod.up(cfg)
+        demo.check_healthy(cfg)
+        spares_before = set(_spares(cfg))
+        assert spares_before, "the lab should start with hot spares"
+        watch = NodeWatch(cfg)
+        watch.start()
+        report = demo.trial(cfg, tmp_path / "demo", quiet, quiet, timeout=150, cleanup=True, live=False)
+        watch.stop()
+        node = report["faulty_node"]
+
+        # the report
+        assert Path(report["json"]).is_file() and Path(report["png"]).stat().st_size > 0
+        assert json.loads(Path(report["json"]).read_text())["faulty_node"] == node
+        seen = {p["phase"]: p["t_plus_s"] for p in report["phases"] if p["t_plus_s"] is not None}
+        for phase in ("received", "fenced", "requeued", "job_running", "first_step"):
+            assert phase in seen, f"phase {phase} missing from the report: {seen}"
+        assert seen["received"] <= seen["fenced"] <= seen["job_running"] <= seen["first_step"]
+
+        # Slurm: the faulty node is out of service, with the runbook's own reason
+        st = slurm.node_states(cfg)[node]
+        assert {"DOWN", "DRAIN", "DRAINED"} & set(st["state"]), st
+        assert st["reason"].startswith("autoheal:") and st["reason"] != SPARE_REASON, st
+
+        # Kubernetes: it was cordoned, tainted and labelled quarantined before it was retired
+        assert node in watch.quarantined, f"{node} never seen quarantined (errors: {watch.errors[:3]})"
+        assert watch.quarantined[node]["ts"] >= report["phases"][0]["ts"]
+
+        # a spare was promoted: the journal says so, and a former spare is no longer a spare
+        from remediation.journal import Journal
+
+        j = Journal(runner.journal_path(cfg))
+        try:
+            phases = {e.phase: e.status for e in j.timeline(report["incident"])}
+        finally:
+            j.close()
+        assert phases.get("spare_promoted") == "ok", phases
+        assert phases.get("requeued") == "ok", phases
+        assert spares_before - set(_spares(cfg)), "no spare left the spare set"
+
+        # the job was requeued and resumed from its checkpoint, past its pre-fault step
+        assert (
+            report["nodes_after"]
+            and node not in slurm.run(cfg, ["scontrol", "show", "hostnames", report["nodes_after"]]).split()
+        )
+        events = [
+            json.loads(line)
+            for line in (tmp_path / "demo" / "ckpt" / "progress.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
+        # the requeued run loaded the last checkpoint written before it started (the SIGTERM one when
+        # the ranks got to write it in the grace period, else the last periodic one)
+        restart = next(i for i, e in enumerate(events) if e["event"] == "start" and e["restart"] >= 1)
+        ckpts = [e["step"] for e in events[:restart] if e["event"] == "checkpoint"]
+        resumed = [e["step"] for e in events[restart:] if e["event"] == "first_step"]
+        assert ckpts and resumed, f"no checkpoint before the requeue, or no resume: {events[-5:]}"
+        assert events[restart]["step"] == ckpts[-1] > 0, "the requeued run did not load the last checkpoint"
+        assert resumed[0] == ckpts[-1] + 1
+        assert report["final_step"] > report["pre_fault_step"]
+        assert time.monotonic() - t0 < 240, "the short demo must stay under 4 minutes"
+    finally:
+        if watch is not None:
+            watch.stop()
+        labmod.down(cfg)
+
+
+def _spares(cfg: LabConfig) -> list[str]:
+    return [
+        n for n, s in slurm.node_states(cfg).items() if "DRAIN" in s["state"] and s["reason"] == SPARE_REASON
+    ]

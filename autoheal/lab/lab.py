@@ -60,11 +60,16 @@ def hardware_nodes(cfg: LabConfig) -> list[str]:
 
 
 def slurmd_nodes(cfg: LabConfig) -> list[str]:
-    """Nodes that get a slurmd at start: all hardware, or the first `slurmd_limit` of it (a
+    """Nodes that get a slurmd at start: all hardware, or the spares and the first `slurmd_limit` (a
     2,000-node storm lab keeps the rest as Slurm nodes that never answer, which is enough to
     drain them, and saves 8 MB of RSS per node)."""
     nodes = hardware_nodes(cfg)
-    return nodes if cfg.slurmd_limit is None else nodes[: cfg.slurmd_limit]
+    if cfg.slurmd_limit is None:
+        return nodes
+    # hot spares always get one: a promotion resumes them, so they must answer
+    spares = {n for p in cfg.slurm_pools() for n in p.spare_nodes()}
+    active = [n for n in nodes if n not in spares][: cfg.slurmd_limit]
+    return [n for n in nodes if n in spares or n in active]
 
 
 def current_nodes(cfg: LabConfig) -> list[str]:

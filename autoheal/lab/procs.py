@@ -119,6 +119,7 @@ def stop(run_dir: Path, name: str, timeout: float = 10.0) -> bool:
     if proc is None:
         return False
     stopped = False
+    tree = descendants(proc.pid) if is_alive(proc) else []
     if is_alive(proc):
         stopped = True
         _signal_group(proc.pid, signal.SIGTERM)
@@ -131,8 +132,9 @@ def stop(run_dir: Path, name: str, timeout: float = 10.0) -> bool:
             while is_alive(proc):
                 _reap(proc.pid)
                 time.sleep(0.02)
-    # children that outlived their leader (same process group) go too
+    # children that outlived their leader (same process group, or a session of their own) go too
     _signal_group(proc.pid, signal.SIGKILL)
+    _kill_tree(tree, signal.SIGKILL)
     pidfile.unlink(missing_ok=True)
     return stopped
 
@@ -141,6 +143,7 @@ def stop_many(run_dir: Path, names: Sequence[str], timeout: float = 10.0) -> lis
     """Stop several processes at once: signal all, then wait, so teardown of 100 slurmd is fast."""
     procs = [p for n in names if (p := read_proc(run_dir, n))]
     live = [p for p in procs if is_alive(p)]
+    trees = [t for p in live for t in descendants(p.pid)]
     for p in live:
         _signal_group(p.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
@@ -153,7 +156,36 @@ def stop_many(run_dir: Path, names: Sequence[str], timeout: float = 10.0) -> lis
             _signal_group(p.pid, signal.SIGKILL)
         _signal_group(p.pid, signal.SIGKILL)
         (pid_dir(run_dir) / f"{p.name}.json").unlink(missing_ok=True)
+    _kill_tree(trees, signal.SIGKILL)
     return [p.name for p in live]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, found through /proc before anything is signalled: children
+    that started their own session (ansible-runner's plays do) are not in the process group."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(d.name))
+    out: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo.extend(children.get(child, []))
+    return out
+
+
+def _kill_tree(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 def _signal_group(pid: int, sig: int) -> None:

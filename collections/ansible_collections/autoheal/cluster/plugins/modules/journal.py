@@ -18,6 +18,9 @@ description:
     write, so the runner that tails the file sees whole lines only.
   - A journal is a record, not managed state - the task reports C(changed=false). In check mode
     nothing is written.
+  - An action plugin of the same name does the write in the controller process (the journal is
+    the runner's local file), which saves a module fork per phase: the phase timestamps then
+    follow the step they record by milliseconds, not seconds.
 version_added: 0.1.0
 author: autoheal maintainers
 options:
@@ -52,13 +55,10 @@ written:
   type: int
 """
 
-import json
-import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-
-PHASE_CHARS = set("abcdefghijklmnopqrstuvwxyz_")
+from ansible_collections.autoheal.cluster.plugins.module_utils.journal import append, build_lines
 
 
 def main():
@@ -67,28 +67,13 @@ def main():
                            events=dict(type="list", elements="dict", required=True)),
         supports_check_mode=True,
     )
-    now = time.time()
-    lines = []
-    for ev in module.params["events"]:
-        ev = dict(ev)
-        for key in ("incident", "node", "phase"):
-            if not isinstance(ev.get(key), str) or not ev[key]:
-                module.fail_json(msg="event %r: %s must be a non-empty string" % (ev, key))
-        if not set(ev["phase"]) <= PHASE_CHARS:
-            module.fail_json(msg="event phase %r: lower-case letters and _ only" % ev["phase"])
-        ev.setdefault("status", "ok")
-        ts = ev.get("ts")
-        ev["ts"] = float(ts) if ts not in (None, "") else now
-        lines.append(json.dumps(ev, sort_keys=True, separators=(",", ":")))
+    try:
+        lines = build_lines(module.params["events"], time.time())
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
     if module.check_mode or not lines:
         module.exit_json(changed=False, written=0)
-    data = ("\n".join(lines) + "\n").encode("utf-8")
-    fd = os.open(module.params["path"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    append(module.params["path"], lines)
     module.exit_json(changed=False, written=len(lines))
 
 

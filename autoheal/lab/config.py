@@ -7,8 +7,10 @@ so two labs, or a lab and a system service, never collide.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -106,15 +108,22 @@ class LabConfig(BaseModel):
             controller_port=self.port("slurmctld"),
             pools=self.slurm_pools(),
             state_dir=str(d / "state"),
-            spool_dir=str(d / "spool"),
+            spool_dir=str(self.socket_dir / "spool"),
             log_dir=str(self.run_dir / "logs"),
             run_dir=str(d / "run"),
             gres_dev_dir=str(d / "dev"),
             slurmd_port_base=self.port_base + SLURMD_OFFSET,
             node_addr="127.0.0.1",
-            auth_socket=str(self.run_dir / "munge" / "munge.socket"),
+            auth_socket=str(self.socket_dir / "munge.socket"),
             grace_seconds=self.grace_seconds,
         )
+
+    @property
+    def socket_dir(self) -> Path:
+        """A short directory for UNIX sockets (munge, slurmd's per-step sockets in its spool):
+        a socket path must fit in 108 bytes, which a run dir under a test's tmp path does not."""
+        digest = hashlib.sha256(str(self.run_dir).encode()).hexdigest()[:10]
+        return Path(tempfile.gettempdir()) / f"autoheal-{digest}"
 
     @property
     def slurm_conf(self) -> Path:

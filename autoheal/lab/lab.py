@@ -125,6 +125,7 @@ def up(cfg: LabConfig, progress: Progress = _quiet) -> LabConfig:
     slurm.check_installed()
     prom.check_installed()
     # a lab always starts fresh: no Slurm, pool or simulator state from an earlier run
+    shutil.rmtree(cfg.socket_dir, ignore_errors=True)
     for stale in ("slurm", "pool", "monitoring", "simulator.json", "pids", "pulumi", "runner"):
         path = cfg.run_dir / stale
         if path.is_dir():
@@ -239,6 +240,7 @@ def down(cfg: LabConfig) -> list[str]:
     for n in ("slurmctld", "munged"):
         if n in names and procs.stop(cfg.run_dir, n):
             stopped.append(n)
+    shutil.rmtree(cfg.socket_dir, ignore_errors=True)  # sockets and slurmd spool only
     return stopped
 
 

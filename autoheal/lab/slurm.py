@@ -74,7 +74,9 @@ def start_munge(cfg: LabConfig) -> None:
     if not key.exists():
         subprocess.run([_bin("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True)
     key.chmod(0o600)
-    sock = d / "munge.socket"
+    cfg.socket_dir.mkdir(parents=True, exist_ok=True)
+    cfg.socket_dir.chmod(0o700)
+    sock = cfg.socket_dir / "munge.socket"
     proc = procs.spawn(
         "munged",
         [

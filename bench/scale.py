@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from autoheal.lab import kube, prom, runner
+from autoheal.lab import kube, runner
 from autoheal.lab import lab as labmod
 from autoheal.lab.config import MAX_NODES, LabConfig, PoolConfig
 from remediation.journal import Journal
@@ -62,38 +62,13 @@ def is_background(key: tuple[str, ...]) -> bool:
     return verb == "WATCH" or resource == "leases" or sub == "status"
 
 
-def patch_pipeline_timeout(seconds: float) -> None:
-    """The lab waits 30 s for Prometheus to scrape the simulator; a 1,900-node fleet needs more."""
-    wait = prom.wait_pipeline
-    if getattr(wait, "_bench_patched", False):
-        return
-
-    def patched(cfg: LabConfig, timeout: float = 30.0) -> None:
-        wait(cfg, timeout=max(timeout, seconds))
-
-    patched._bench_patched = True  # type: ignore[attr-defined]
-    prom.wait_pipeline = patched
-
-
-def patch_kube_timeout(seconds: float) -> None:
-    """The lab gives its control plane 120 s to bring every KWOK node Ready; 1,900 nodes on a
-    loaded 2-core box need more. The lab has no knob for it, so the bench widens the default."""
-    start = kube.start_control_plane
-    if getattr(start, "_bench_patched", False):
-        return
-
-    def patched(run_dir: Path, nodes: Any, port_base: int, timeout: float = 120.0) -> Any:
-        return start(run_dir, nodes, port_base, timeout=max(timeout, seconds))
-
-    patched._bench_patched = True  # type: ignore[attr-defined]
-    kube.start_control_plane = patched
-
-
 def iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).isoformat().replace("+00:00", "Z")
 
 
-def one_incident(size: int, port_base: int, root: Path, timeout: float, baseline_s: float) -> dict[str, Any]:
+def one_incident(
+    size: int, port_base: int, root: Path, timeout: float, baseline_s: float, start_timeout: float
+) -> dict[str, Any]:
     n = min(size, MAX_NODES)
     spares, headroom = 2, 2
     cfg = LabConfig(
@@ -105,6 +80,7 @@ def one_incident(size: int, port_base: int, root: Path, timeout: float, baseline
         kube=True,
         runner=False,
         slurmd_limit=4,
+        start_timeout=start_timeout,
         grace_seconds=10,
         provision_delay=1,
     )
@@ -238,8 +214,6 @@ def main() -> None:
         "--kube-timeout", type=float, default=600.0, help="seconds for the KWOK nodes to be Ready"
     )
     a = ap.parse_args()
-    patch_kube_timeout(a.kube_timeout)
-    patch_pipeline_timeout(180)
     root = a.root or Path(tempfile.mkdtemp(prefix="autoheal-scale-"))
     sizes = [int(s) for s in a.sizes.split(",")]
     results = []
@@ -250,7 +224,7 @@ def main() -> None:
             print(
                 f"NOTE: {size} nodes asked, the lab's port block holds {MAX_NODES}: running with {MAX_NODES}"
             )
-        res = one_incident(size, a.port_base, root, a.timeout, a.baseline)
+        res = one_incident(size, a.port_base, root, a.timeout, a.baseline, a.kube_timeout)
         results.append(res)
         show(res)
         (root / "scale.json").write_text(json.dumps(results, indent=2))

@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from autoheal.lab import kube, procs, prom, runner, slurm
+from autoheal.lab import kube, procs, runner, slurm
 from autoheal.lab import lab as labmod
 from autoheal.lab.config import MAX_NODES, LabConfig, PoolConfig
 from autoheal.slurmconf import SPARE_REASON
@@ -43,33 +43,6 @@ from remediation.journal import Journal
 
 TARGET_S = 30.0
 ANCHOR_NODES_PER_S = 2.5
-
-
-def patch_pipeline_timeout(seconds: float) -> None:
-    """The lab waits 30 s for Prometheus to scrape the simulator; a 1,900-node fleet needs more."""
-    wait = prom.wait_pipeline
-    if getattr(wait, "_bench_patched", False):
-        return
-
-    def patched(cfg: LabConfig, timeout: float = 30.0) -> None:
-        wait(cfg, timeout=max(timeout, seconds))
-
-    patched._bench_patched = True  # type: ignore[attr-defined]
-    prom.wait_pipeline = patched
-
-
-def patch_kube_timeout(seconds: float) -> None:
-    """The lab gives its control plane 120 s to bring every KWOK node Ready; 1,900 nodes on a
-    loaded 2-core box need more. The lab has no knob for it, so the bench widens the default."""
-    start = kube.start_control_plane
-    if getattr(start, "_bench_patched", False):
-        return
-
-    def patched(run_dir: Path, nodes: Any, port_base: int, timeout: float = 120.0) -> Any:
-        return start(run_dir, nodes, port_base, timeout=max(timeout, seconds))
-
-    patched._bench_patched = True  # type: ignore[attr-defined]
-    kube.start_control_plane = patched
 
 
 def iso(t: float) -> str:
@@ -215,8 +188,6 @@ def main() -> None:
         help="first, one incident's wall time and API calls on this lab (bench/scale.py's large size)",
     )
     a = ap.parse_args()
-    patch_kube_timeout(a.kube_timeout)
-    patch_pipeline_timeout(180)
     nodes = a.nodes
     if nodes > MAX_NODES:
         print(
@@ -233,6 +204,7 @@ def main() -> None:
         kube=True,
         runner=False,
         slurmd_limit=a.slurmd_limit,
+        start_timeout=a.kube_timeout,
         grace_seconds=10,
         provision_delay=1,
     )

@@ -69,12 +69,14 @@ class LabConfig(BaseModel):
     kube: bool = True
     runner: bool = True
     slurmd_limit: int | None = Field(default=None, ge=0)
+    # how long start-up may wait for KWOK nodes Ready and the first scrape; None: scaled to size
+    start_timeout: float | None = Field(default=None, gt=0)
     grace_seconds: int = Field(default=120, ge=1)
     provision_delay: float = Field(default=5.0, ge=0)
 
     @model_validator(mode="after")
     def _fits(self) -> LabConfig:
-        n = sum(p.size + p.spares + p.headroom for p in self.pools)
+        n = self.node_count
         if n > MAX_NODES:
             raise ValueError(f"pools: {n} nodes do not fit the port block (max {MAX_NODES})")
         prefixes = [p.prefix for p in self.pools]
@@ -117,6 +119,18 @@ class LabConfig(BaseModel):
             auth_socket=str(self.socket_dir / "munge.socket"),
             grace_seconds=self.grace_seconds,
         )
+
+    @property
+    def node_count(self) -> int:
+        return sum(p.size + p.spares + p.headroom for p in self.pools)
+
+    @property
+    def kube_timeout(self) -> float:
+        return self.start_timeout or max(120.0, 0.1 * self.node_count)
+
+    @property
+    def pipeline_timeout(self) -> float:
+        return self.start_timeout or max(30.0, 0.05 * self.node_count)
 
     @property
     def socket_dir(self) -> Path:

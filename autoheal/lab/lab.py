@@ -170,7 +170,7 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
         start_kube(cfg)
     progress("waiting for slurmd registration and the alert pipeline")
     slurm.wait_nodes_registered(cfg, nodes)
-    prom.wait_pipeline(cfg)
+    prom.wait_pipeline(cfg, timeout=cfg.pipeline_timeout)
     _step(progress, "node-pool controller")
     pool.start(cfg)
     if cfg.runner and runner_available():
@@ -220,7 +220,7 @@ def start_kube(cfg: LabConfig) -> None:
             specs.append(
                 kube.KubeNodeSpec(n, pool.node_labels(p, True), pool.node_taints(True), p.gpus_per_node)
             )
-    kube.start_control_plane(cfg.run_dir, specs, cfg.port("kube"))
+    kube.start_control_plane(cfg.run_dir, specs, cfg.port("kube"), timeout=cfg.kube_timeout)
 
 
 def down(cfg: LabConfig) -> list[str]:

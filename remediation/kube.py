@@ -1,21 +1,36 @@
 """What the policy needs from Kubernetes, behind a small interface.
 
-Only two reads: every node with its labels (opt-out label, pool membership) and the nodes that run
-a pod carrying the opt-out label. Both are one list call each per policy round, not one call per
-node, so a storm of hundreds of alerts costs two API calls. `FakeKube` serves unit tests;
-`RealKube` uses the `kubernetes` client with a kubeconfig; `NullKube` stands in when no cluster is
-configured (nothing is opted out and pools are unknown, so only the node budget applies).
+Three reads, none of which grows with the size of the cluster for an ordinary incident:
+- the nodes that carry the opt-out label (a label-selected list: on a healthy fleet, a handful);
+- the nodes that run a pod carrying the opt-out label (same, for pods);
+- which pool each node belongs to, for the per-pool budget. Pool membership changes when nodes are
+  added or retired, not per incident, so this map is cached for `pool_cache_seconds` and refreshed
+  early only when a node asked about is missing from it. On 2,000 nodes the full list costs seconds
+  of apiserver and client CPU; listing it per policy round made one incident's cost grow with the
+  fleet and delayed a storm's first fence by ~10 s (measured, bench/storm.py).
+Lists ask for metadata only (PartialObjectMetadataList) and are parsed as plain JSON, not into the
+generated client's model classes. Opt-out is always read fresh: a label set a second ago counts.
+
+`FakeKube` serves unit tests; `RealKube` uses the `kubernetes` client with a kubeconfig; `NullKube`
+stands in when no cluster is configured (nothing is opted out, pools are unknown, so only the
+fleet-wide node budget applies).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+import threading
+import time
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from remediation.errors import KubeError
 
 _FALSE = frozenset({"false", "no", "0", "off"})
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+# a node unknown to the cached pool map triggers a refresh, but not more often than this
+MIN_REFRESH_SECONDS = 5.0
 
 
 def label_is_set(labels: Mapping[str, str], key: str) -> bool:
@@ -24,25 +39,33 @@ def label_is_set(labels: Mapping[str, str], key: str) -> bool:
 
 
 class KubeView(Protocol):
-    def node_labels(self) -> dict[str, dict[str, str]]:
-        """Every node's labels, by node name ({} when no cluster is known)."""
+    def nodes_labelled(self, label: str) -> dict[str, dict[str, str]]:
+        """Nodes on which `label` is present (any value), with all their labels."""
         ...
 
     def nodes_with_labelled_pods(self, label: str) -> set[str]:
         """Names of nodes running at least one pod on which `label` is set."""
         ...
 
+    def pools(self, pool_label: str, nodes: Collection[str] = ()) -> dict[str, str]:
+        """Node -> pool for every node carrying `pool_label`; may be cached, but is refreshed when
+        one of `nodes` is missing from it."""
+        ...
+
 
 class NullKube:
-    def node_labels(self) -> dict[str, dict[str, str]]:
+    def nodes_labelled(self, label: str) -> dict[str, dict[str, str]]:
         return {}
 
     def nodes_with_labelled_pods(self, label: str) -> set[str]:
         return set()
 
+    def pools(self, pool_label: str, nodes: Collection[str] = ()) -> dict[str, str]:
+        return {}
+
 
 class FakeKube:
-    """In-memory nodes and pods for tests."""
+    """In-memory nodes and pods for tests; `calls` counts reads like API calls."""
 
     def __init__(
         self,
@@ -53,19 +76,25 @@ class FakeKube:
         self.pods = [(node, dict(labels)) for node, labels in pods]
         self.calls = 0
 
-    def node_labels(self) -> dict[str, dict[str, str]]:
+    def nodes_labelled(self, label: str) -> dict[str, dict[str, str]]:
         self.calls += 1
-        return {n: dict(labels) for n, labels in self.nodes.items()}
+        return {n: dict(labels) for n, labels in self.nodes.items() if label in labels}
 
     def nodes_with_labelled_pods(self, label: str) -> set[str]:
         self.calls += 1
         return {node for node, labels in self.pods if label_is_set(labels, label)}
 
+    def pools(self, pool_label: str, nodes: Collection[str] = ()) -> dict[str, str]:
+        self.calls += 1
+        return {n: labels[pool_label] for n, labels in self.nodes.items() if pool_label in labels}
+
 
 class RealKube:
     """Reads the cluster through the official client, with a kubeconfig file."""
 
-    def __init__(self, kubeconfig: Path, timeout_seconds: float = 10.0) -> None:
+    def __init__(
+        self, kubeconfig: Path, timeout_seconds: float = 10.0, pool_cache_seconds: float = 60.0
+    ) -> None:
         from kubernetes import client, config
 
         try:
@@ -76,27 +105,60 @@ class RealKube:
             raise KubeError(f"kubeconfig {kubeconfig}: cannot load: {exc}") from exc
         self._core: Any = client.CoreV1Api(api_client)
         self._timeout = timeout_seconds
+        self._pool_ttl = pool_cache_seconds
+        self._pool_cache: dict[str, tuple[float, dict[str, str]]] = {}
+        self._lock = threading.Lock()
 
-    def node_labels(self) -> dict[str, dict[str, str]]:
+    def _list(self, what: str, call: Any, **params: Any) -> list[dict[str, Any]]:
         try:
-            nodes = self._core.list_node(_request_timeout=self._timeout)
+            resp = call(_preload_content=False, _request_timeout=self._timeout, **params)
+            data = json.loads(resp.data)
         except Exception as exc:
-            raise KubeError(f"cannot list nodes: {exc}") from exc
-        return {n.metadata.name: dict(n.metadata.labels or {}) for n in nodes.items}
+            raise KubeError(f"cannot list {what}: {exc}") from exc
+        items = data.get("items") if isinstance(data, dict) else None
+        return [i for i in items or [] if isinstance(i, dict)]
+
+    def _node_metadata(self, selector: str) -> dict[str, dict[str, str]]:
+        items = self._list(
+            f"nodes with label {selector}",
+            self._core.list_node_with_http_info,
+            label_selector=selector,
+            _headers={"Accept": METADATA_ONLY},
+        )
+        out = {}
+        for item in items:
+            meta = item.get("metadata") or {}
+            if isinstance(meta.get("name"), str):
+                out[meta["name"]] = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+        return out
+
+    def nodes_labelled(self, label: str) -> dict[str, dict[str, str]]:
+        return self._node_metadata(label)
 
     def nodes_with_labelled_pods(self, label: str) -> set[str]:
-        try:
-            pods = self._core.list_pod_for_all_namespaces(
-                label_selector=label, _request_timeout=self._timeout
-            )
-        except Exception as exc:
-            raise KubeError(f"cannot list pods with label {label}: {exc}") from exc
+        items = self._list(
+            f"pods with label {label}",
+            self._core.list_pod_for_all_namespaces_with_http_info,
+            label_selector=label,
+        )
         return {
-            p.spec.node_name
-            for p in pods.items
-            if p.spec.node_name and label_is_set(p.metadata.labels or {}, label)
+            str(p["spec"]["nodeName"])
+            for p in items
+            if (p.get("spec") or {}).get("nodeName")
+            and label_is_set((p.get("metadata") or {}).get("labels") or {}, label)
         }
 
+    def pools(self, pool_label: str, nodes: Collection[str] = ()) -> dict[str, str]:
+        with self._lock:
+            now = time.monotonic()
+            at, cached = self._pool_cache.get(pool_label, (float("-inf"), {}))
+            stale = now - at > self._pool_ttl
+            missing = any(n not in cached for n in nodes) and now - at > MIN_REFRESH_SECONDS
+            if stale or missing:
+                cached = {n: labels[pool_label] for n, labels in self._node_metadata(pool_label).items()}
+                self._pool_cache[pool_label] = (now, cached)
+            return dict(cached)
 
-def make_kube(kubeconfig: Path | None) -> KubeView:
-    return NullKube() if kubeconfig is None else RealKube(kubeconfig)
+
+def make_kube(kubeconfig: Path | None, pool_cache_seconds: float = 60.0) -> KubeView:
+    return NullKube() if kubeconfig is None else RealKube(kubeconfig, pool_cache_seconds=pool_cache_seconds)

@@ -84,14 +84,14 @@ class Policy:
         if not pending:
             return [], None
         cfg = self.config
-        nodes = self.kube.node_labels()
+        # targeted reads: the cost of a round does not grow with the fleet (see remediation/kube.py)
+        opted = self.kube.nodes_labelled(cfg.opt_out_label)
         opted_pods = self.kube.nodes_with_labelled_pods(cfg.opt_out_label)
-        pools: Counter[str] = Counter(
-            labels[cfg.pool_label] for labels in nodes.values() if cfg.pool_label in labels
-        )
         active = self.journal.incidents(["admitted", "running"])
         in_use = {i.node for i in active}
-        pool_use: Counter[str] = Counter(nodes.get(n, {}).get(cfg.pool_label, "") for n in in_use)
+        node_pool = self.kube.pools(cfg.pool_label, {i.node for i in pending})
+        pools: Counter[str] = Counter(node_pool.values())
+        pool_use: Counter[str] = Counter(node_pool.get(n, "") for n in in_use)
         breaker = breaker_state(self.journal)
         tripped: str | None = None
         out: list[Decision] = []
@@ -113,7 +113,7 @@ class Policy:
             if tier is Tier.RESET and repeats >= esc.repeats:
                 tier = Tier.REPLACE
                 reason = f"escalated to replace: {repeats} incidents in {esc.window_seconds}s"
-            labels = nodes.get(inc.node, {})
+            labels = opted.get(inc.node, {})
             opt_out = label_is_set(labels, cfg.opt_out_label) or inc.node in opted_pods
             if opt_out:
                 reason = "opt-out: " + (
@@ -137,7 +137,7 @@ class Policy:
                     )
                 )
                 continue
-            pool = labels.get(cfg.pool_label)
+            pool = node_pool.get(inc.node)
             limit = budget_limit(
                 cfg.budgets.max_nodes, cfg.budgets.max_pool_percent, pools[pool] if pool else None
             )

@@ -40,7 +40,8 @@ def build(cfg: RunnerConfig, *, kube: KubeView | None = None, with_worker: bool 
     notifier = Notifier(cfg.notify, metrics)
     worker = None
     if with_worker:
-        policy = Policy(cfg, journal, kube if kube is not None else make_kube(cfg.kubeconfig), catalog)
+        view = kube if kube is not None else make_kube(cfg.kubeconfig, cfg.pool_cache_seconds)
+        policy = Policy(cfg, journal, view, catalog)
         worker = Worker(cfg, journal, policy, make_executor(cfg), metrics, notifier)
     intake = Intake(journal, rules, catalog, cfg.dedup_window_seconds)
     return Runtime(

@@ -1,5 +1,5 @@
 """RealKube with the real `kubernetes` client, against a tiny fake API server on loopback
-(the reads the policy needs: list nodes, list pods by label selector)."""
+(the reads the policy needs: nodes and pods by label selector, metadata only; the pool map cached)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,12 @@ NODES = {
     "items": [
         {"metadata": {"name": "gpu-1", "labels": {"autoheal.io/pool": "h100"}}},
         {"metadata": {"name": "gpu-2", "labels": {"autoheal.io/opt-out": "true"}}},
+        {
+            "metadata": {
+                "name": "gpu-5",
+                "labels": {"autoheal.io/pool": "a100", "autoheal.io/opt-out": "false"},
+            }
+        },
     ],
 }
 PODS = {
@@ -41,13 +47,15 @@ PODS = {
 
 
 class _Api(BaseHTTPRequestHandler):
-    seen: list[str] = []
+    seen: list[tuple[str, str]] = []
 
     def do_GET(self):
         url = urlparse(self.path)
-        _Api.seen.append(self.path)
+        _Api.seen.append((self.path, self.headers.get("Accept", "")))
         if url.path == "/api/v1/nodes":
-            body = NODES
+            [selector] = parse_qs(url.query)["labelSelector"]  # never the whole fleet
+            items = [n for n in NODES["items"] if selector in n["metadata"]["labels"]]
+            body = {**NODES, "items": items}
         elif url.path == "/api/v1/pods":
             assert parse_qs(url.query)["labelSelector"] == ["autoheal.io/opt-out"]
             body = PODS
@@ -86,13 +94,30 @@ def kubeconfig(tmp_path):
     server.server_close()
 
 
-def test_real_kube_reads_node_labels_and_opted_out_pods(kubeconfig):
+def test_real_kube_reads_labelled_nodes_metadata_only_and_opted_out_pods(kubeconfig):
+    _Api.seen.clear()
     kube = RealKube(kubeconfig)
-    assert kube.node_labels() == {
-        "gpu-1": {"autoheal.io/pool": "h100"},
+    assert kube.nodes_labelled("autoheal.io/opt-out") == {
         "gpu-2": {"autoheal.io/opt-out": "true"},
+        "gpu-5": {"autoheal.io/pool": "a100", "autoheal.io/opt-out": "false"},
     }
     assert kube.nodes_with_labelled_pods("autoheal.io/opt-out") == {"gpu-3"}
+    assert "PartialObjectMetadataList" in _Api.seen[0][1]
+
+
+def test_real_kube_caches_the_pool_map_and_refreshes_for_an_unknown_node(kubeconfig, monkeypatch):
+    import remediation.kube as kmod
+
+    _Api.seen.clear()
+    kube = RealKube(kubeconfig, pool_cache_seconds=60)
+    assert kube.pools("autoheal.io/pool", {"gpu-1"}) == {"gpu-1": "h100", "gpu-5": "a100"}
+    assert kube.pools("autoheal.io/pool", {"gpu-5"}) == {"gpu-1": "h100", "gpu-5": "a100"}
+    assert len(_Api.seen) == 1  # cached
+    kube.pools("autoheal.io/pool", {"gpu-9"})  # unknown, but the map is fresh: no refresh storm
+    assert len(_Api.seen) == 1
+    monkeypatch.setattr(kmod, "MIN_REFRESH_SECONDS", 0.0)
+    kube.pools("autoheal.io/pool", {"gpu-9"})
+    assert len(_Api.seen) == 2
 
 
 def test_real_kube_errors_are_kube_errors(tmp_path):
@@ -112,11 +137,13 @@ def test_real_kube_errors_are_kube_errors(tmp_path):
         )
     )
     with pytest.raises(KubeError):
-        RealKube(cfg, timeout_seconds=2).node_labels()
+        RealKube(cfg, timeout_seconds=2).nodes_labelled("x")
 
 
 def test_fake_kube_and_label_semantics():
-    kube = FakeKube({"a": {"x": "true"}}, pods=[("b", {"x": ""})])
+    kube = FakeKube({"a": {"x": "true", "p": "h"}, "c": {}}, pods=[("b", {"x": ""})])
     assert kube.nodes_with_labelled_pods("x") == {"b"}
+    assert kube.nodes_labelled("x") == {"a": {"x": "true", "p": "h"}}
+    assert kube.pools("p") == {"a": "h"}
     assert label_is_set({"x": "TRUE"}, "x") and not label_is_set({"x": "False"}, "x")
     assert not label_is_set({}, "x")

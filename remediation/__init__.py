@@ -23,6 +23,8 @@ Playbook contract (extra vars the runner passes to playbooks/<name>.yml):
   autoheal_opt_out (bool: fence + notify only), autoheal_dry_run (bool; the run uses --check),
   autoheal_grace_seconds (int), autoheal_journal_events (path: append JSON lines
   {"incident", "node", "phase", "status": "start|ok|failed", "ts"}), and
-  autoheal_done_phases ({node: [phase, ...]}: phases already reported ok before a crash; a play
-  resumed after a runner restart skips them).
+  autoheal_done_phases ({node: [phase, ...]}: phases already reported ok, e.g. before a crash; the
+  shipped runbook's steps are idempotent, so a rerun re-checks them and changes nothing), and
+  autoheal_stop_after ("" or "fenced": the worker's fence lane asks the play to fence, report
+  `fenced` and end; the rest of the runbook follows in a run of its own).
 """

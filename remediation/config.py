@@ -69,6 +69,14 @@ class RunnerConfig(BaseModel):
     max_concurrent_runs: int = Field(default=4, ge=1, le=64)
     batch_window_seconds: float = Field(default=0.3, ge=0, le=60)
     max_batch: int = Field(default=100, ge=1)
+    max_concurrent_fences: int = Field(
+        default=2,
+        ge=0,
+        le=16,
+        description="fence-only runs when more nodes wait than free run slots take (0: off); see worker.py",
+    )
+    max_fence_batch: int = Field(default=500, ge=1)
+    pool_cache_seconds: float = Field(default=60.0, ge=0, description="how long pool membership is cached")
     step_timeout_seconds: int = Field(default=900, ge=1)
     run_timeout_seconds: int = Field(default=3600, ge=1)
     grace_seconds: int = Field(default=120, ge=0)

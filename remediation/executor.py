@@ -38,6 +38,7 @@ PHASE_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 PLAYBOOK_RE = re.compile(r"^[a-z0-9_][a-z0-9_-]{0,63}\.ya?ml$")
 EVENT_STATUSES = frozenset({"start", "ok", "failed"})
 PLAY_TIERS = frozenset({"reset", "replace"})
+STOP_AFTER = frozenset({"", "fenced"})
 _STEP_END = {
     "runner_on_ok": "ok",
     "runner_on_failed": "failed",
@@ -62,6 +63,7 @@ class PlayVars:
     journal_events: Path
     done_phases: Mapping[str, Sequence[str]] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    stop_after: str = ""  # "fenced": a fence-only run (the worker's fence lane)
 
     def extravars(self) -> dict[str, Any]:
         if not self.nodes or len(self.nodes) != len(self.incident_ids):
@@ -79,6 +81,8 @@ class PlayVars:
             raise ExecutionError("xid must be 0..999 and gpu 0..63 or null")
         if self.tier not in PLAY_TIERS:
             raise ExecutionError(f"tier must be one of {sorted(PLAY_TIERS)}")
+        if self.stop_after not in STOP_AFTER:
+            raise ExecutionError(f"stop_after must be one of {sorted(STOP_AFTER)}")
         done: dict[str, list[str]] = {}
         for node, phases in self.done_phases.items():
             if node in nodes:
@@ -96,6 +100,7 @@ class PlayVars:
                 "autoheal_grace_seconds": int(self.extra.get("autoheal_grace_seconds", self.grace_seconds)),
                 "autoheal_journal_events": str(self.journal_events),
                 "autoheal_done_phases": done,
+                "autoheal_stop_after": self.stop_after,
             }
         )
         return out

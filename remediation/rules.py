@@ -35,6 +35,7 @@ CONTRACT_VARS = frozenset(
         "autoheal_dry_run",
         "autoheal_journal_events",
         "autoheal_done_phases",
+        "autoheal_stop_after",
     }
 )
 _VAR_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")

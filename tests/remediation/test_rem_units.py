@@ -69,7 +69,9 @@ def test_play_vars_render_the_contract():
         "autoheal_grace_seconds": 120,
         "autoheal_journal_events": "/tmp/e.jsonl",
         "autoheal_done_phases": {"gpu-1": ["fenced"]},
+        "autoheal_stop_after": "",
     }
+    assert _vars(stop_after="fenced").extravars()["autoheal_stop_after"] == "fenced"
 
 
 @pytest.mark.parametrize(
@@ -83,6 +85,7 @@ def test_play_vars_render_the_contract():
         {"gpu": 99},
         {"nodes": ()},
         {"nodes": ("a", "b")},
+        {"stop_after": "drained; rm -rf /"},
     ],
 )
 def test_play_vars_refuse_bad_inputs(kw):

@@ -109,6 +109,59 @@ def test_storm_within_budget_is_batched_into_one_run(serve, effects):
     assert not breaker_state(rt.journal).open
 
 
+@pytest.mark.parametrize("fences", [1, 0])
+def test_busy_run_slots_do_not_leave_admitted_nodes_unfenced(serve, effects, tmp_path, monkeypatch, fences):
+    """Fence first: with the only run slot busy, later incidents are fenced by a fence-only run at
+    once, stay admitted, and their full run later does not fence again. Off (0): they wait."""
+    monkeypatch.setenv("AUTOHEAL_STUB_SLEEP_PHASE", "jobs_signalled")
+    monkeypatch.setenv("AUTOHEAL_STUB_SLEEP", "8")
+    monkeypatch.setenv("AUTOHEAL_STUB_SLEEP_ONCE", str(tmp_path / "slept"))
+    rt, client = serve(
+        budgets={"max_nodes": 20, "max_pool_percent": 100},
+        max_concurrent_runs=1,
+        max_concurrent_fences=fences,
+        batch_window_seconds=0.1,
+    )
+    client.post("/webhook", json=payload(alert("gpu-1")), headers=AUTH)
+    wait_for(lambda: "jobs_signalled gpu-1" in effect_lines(effects), 60, "the first run to be busy")
+    created = client.post("/webhook", json=payload(alert("gpu-2"), alert("gpu-3")), headers=AUTH)
+    later = created.json()["created"]
+    if fences:
+        wait_for(lambda: {"fenced gpu-2", "fenced gpu-3"} <= set(effect_lines(effects)), 30, "the fence lane")
+        assert (tmp_path / "slept").exists() and not _closed(rt, 1)()  # the first run is still busy
+        assert {rt.journal.incident(i).state for i in later} == {"admitted"}
+        [lane] = [r for r in rt.journal.runs() if r.source == "fence"]
+        assert sorted(lane.nodes) == ["gpu-2", "gpu-3"]
+        assert _extravars(rt, lane.id)["autoheal_stop_after"] == "fenced"
+    else:
+        time.sleep(2)
+        assert not [x for x in effect_lines(effects) if x in ("fenced gpu-2", "fenced gpu-3")]
+    wait_for(_closed(rt, 3), 90, "all three to finish")
+    assert {rt.journal.incident(i).state for i in later} == {"completed"}
+    lines = effect_lines(effects)
+    assert lines.count("fenced gpu-2") == 1 and lines.count("drained gpu-2") == 1
+    full = [r for r in rt.journal.runs() if r.source == "worker"]
+    assert len(full) == 2 and all(r.status == "successful" for r in full)
+
+
+def test_storm_beyond_the_run_slots_is_fenced_first_in_one_run_then_remediated(serve, effects):
+    rt, client = serve(
+        budgets={"max_nodes": 20, "max_pool_percent": 100},
+        max_concurrent_runs=1,
+        max_batch=2,
+        batch_window_seconds=0.3,
+    )
+    client.post("/webhook", json=payload(*[alert(f"gpu-{i}") for i in range(1, 6)]), headers=AUTH)
+    wait_for(_closed(rt, 5), 120, "the storm to finish")
+    runs = sorted(rt.journal.runs(), key=lambda r: r.id)
+    assert runs[0].source == "fence" and len(runs[0].nodes) == 5  # every node fenced at once
+    assert [len(r.nodes) for r in runs[1:]] == [2, 2, 1] and {r.source for r in runs[1:]} == {"worker"}
+    lines = effect_lines(effects)
+    assert sorted(x for x in lines if x.startswith("fenced")) == [f"fenced gpu-{i}" for i in range(1, 6)]
+    assert sorted(lines[:5]) == [f"fenced gpu-{i}" for i in range(1, 6)]  # before any other step
+    assert {i.state for i in rt.journal.incidents()} == {"completed"}
+
+
 def test_opt_out_label_skips_replacement_but_still_fences(serve, effects, kube):
     kube.nodes["gpu-2"]["autoheal.io/opt-out"] = "true"
     rt, client = serve()

@@ -343,3 +343,28 @@ def test_gpu_fatal_xid_on_a_batch_promotes_a_spare_per_node_and_drains_them_toge
     assert fenced == {"gpu-3", "gpu-4"}
     again = run_playbook("gpu_fatal_xid", extra, tmp=tmp_path)
     assert again.rc == 0 and again.changed == 0, again.output[-5000:]
+
+
+def test_stop_after_fenced_fences_and_ends_and_the_full_run_finds_the_fence_done(fresh_lab, tmp_path):
+    """The runner's fence lane: `autoheal_stop_after=fenced` drains and cordons, reports `fenced`,
+    and touches nothing else (no spare, no job signalled); the full run then changes no fence."""
+    lab = fresh_lab
+    spares = {n: lab.node(n)["comment"] for n in ("gpu-5", "gpu-6")}
+    extra = fault_vars(lab, "gpu-3", "inc-lane", autoheal_backend="none")
+    res = run_playbook("gpu_fatal_xid", {**extra, "autoheal_stop_after": "fenced"}, tmp=tmp_path)
+    assert res.rc == 0, res.output[-5000:]
+    node = lab.node("gpu-3")
+    assert "DRAIN" in node["state_flags"] and node["reason"] == "autoheal: XID 79 gpu3 inc-lane"
+    assert node["state"] != "down"
+    assert [e["phase"] for e in lab.journal_lines()] == ["fenced"]
+    assert {n: lab.node(n)["comment"] for n in spares} == spares
+    if lab.kubeconfig is not None:
+        kn = lab.kube_node("gpu-3")
+        assert kn["spec"].get("unschedulable") is True and quarantine_taint(kn)
+    full = run_playbook("gpu_fatal_xid", extra, tmp=tmp_path)
+    assert full.rc == 0, full.output[-5000:]
+    drain_task = full.output.split("TASK [slurm_node : Set the Slurm state of the batch to drain]", 1)[1]
+    status = re.search(r"^(ok|changed): \[localhost\]", drain_task, re.M)
+    assert status and status.group(1) == "ok", drain_task[:400]
+    assert lab.node("gpu-3")["state"] == "down"
+    assert "spare_promoted" in [e["phase"] for e in lab.journal_lines()]

@@ -165,6 +165,25 @@ def test_slurm_spares_promotes_one_spare_per_incident_only_once(fresh_lab):
     assert [p["spare"] for p in two["promotions"]] == ["gpu-6", None] and two["shortfall"] == ["gpu-4"]
 
 
+def test_slurm_spares_concurrent_runs_never_promote_the_same_spare(fresh_lab):
+    """Two runs of a storm promote at once: each failed node gets its own spare, none fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lab = fresh_lab
+
+    def promote(node: str) -> dict[str, Any]:
+        return run_module("slurm_spares", {"nodes": [node], "incident_ids": [f"i-{node}"], **conf(lab)})
+
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(promote, ["gpu-3", "gpu-4"])
+    assert not a.get("failed") and not b.get("failed"), (a.get("msg"), b.get("msg"))
+    assert sorted([a["promotions"][0]["spare"], b["promotions"][0]["spare"]]) == ["gpu-5", "gpu-6"]
+    assert {lab.node(n)["comment"] for n in ("gpu-5", "gpu-6")} == {
+        "autoheal: replaces gpu-3 i-gpu-3",
+        "autoheal: replaces gpu-4 i-gpu-4",
+    }
+
+
 @pytest.mark.kube
 def test_k8s_nodes_quarantine_is_idempotent_and_leaves_an_admin_cordon(kube_lab):
     lab = kube_lab

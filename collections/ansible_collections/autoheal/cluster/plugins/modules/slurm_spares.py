@@ -24,6 +24,11 @@ description:
     run) is resumed.
   - The pool of a failed node comes from its C(pool_<name>) feature, or from O(pool).
   - When there are fewer spares than failed nodes the rest are reported in RV(shortfall).
+  - >-
+    Concurrent runs (a storm split into batches) would read the same free spares and race to resume
+    them; picking, marking and resuming therefore happen under an exclusive lock on O(lock_file),
+    held until the module exits (released by the kernel if it dies). Runs on other hosts are not
+    covered - one runner per cluster.
 version_added: 0.1.0
 author: autoheal maintainers
 options:
@@ -57,6 +62,15 @@ options:
     type: str
     default: promoted
     choices: [promoted, query]
+  lock_file:
+    description:
+      - File locked while spares are picked and resumed.
+      - Default is C(autoheal-spares-<hash of slurm_conf>.lock) in the system temporary directory.
+    type: path
+  lock_timeout:
+    description: Seconds to wait for the lock before failing.
+    type: int
+    default: 120
   slurm_conf:
     description: Path to slurm.conf (exported as C(SLURM_CONF)).
     type: path
@@ -110,7 +124,11 @@ free_spares:
   type: dict
 """
 
+import fcntl
+import hashlib
+import os
 import re
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -135,6 +153,29 @@ def pool_of(rec):
     return None
 
 
+_HELD = []  # the lock's file stays open (locked) until the module's process exits
+
+
+def take_lock(module, path, timeout):
+    """Hold an exclusive flock on `path` until the process exits; fail after `timeout` seconds."""
+    fh = open(path, "a")
+    deadline = time.time() + timeout
+    while True:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _HELD.append(fh)
+            return
+        except (BlockingIOError, OSError):
+            if time.time() >= deadline:
+                module.fail_json(msg="another run holds the spare lock %s (waited %ss)" % (path, timeout))
+            time.sleep(0.05)
+
+
+def default_lock(slurm_conf):
+    key = hashlib.sha1((slurm_conf or os.environ.get("SLURM_CONF") or "default").encode()).hexdigest()[:12]
+    return os.path.join(tempfile.gettempdir(), "autoheal-spares-%s.lock" % key)
+
+
 def main():
     argument_spec = dict(
         nodes=dict(type="list", elements="str", required=True),
@@ -144,6 +185,8 @@ def main():
         spare_reason=dict(type="str", default="autoheal: hot spare"),
         comment_prefix=dict(type="str", default="autoheal: replaces "),
         state=dict(type="str", default="promoted", choices=["promoted", "query"]),
+        lock_file=dict(type="path"),
+        lock_timeout=dict(type="int", default=120),
     )
     argument_spec.update(SLURM_COMMON_ARGS)
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
@@ -156,6 +199,8 @@ def main():
     prefix = p["comment_prefix"]
 
     slurm = Slurm(module)
+    if p["state"] == "promoted" and not module.check_mode:
+        take_lock(module, p["lock_file"] or default_lock(p["slurm_conf"]), p["lock_timeout"])
     allnodes = slurm.nodes()
 
     def marker(bad, incident):

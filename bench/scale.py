@@ -83,6 +83,8 @@ def one_incident(
         start_timeout=start_timeout,
         grace_seconds=10,
         provision_delay=1,
+        # alerts are posted to Alertmanager directly, so scraping is background load only
+        interval="5s",
     )
     node = cfg.slurm_pools()[0].active_nodes()[-1]  # one without a slurmd, so no jobs on it
     res: dict[str, Any] = {"asked": size}

@@ -207,6 +207,8 @@ def main() -> None:
         start_timeout=a.kube_timeout,
         grace_seconds=10,
         provision_delay=1,
+        # alerts are posted to Alertmanager directly, so scraping is background load only
+        interval="5s",
     )
     active = cfg.slurm_pools()[0].active_nodes()
     with_slurmd = set(labmod.slurmd_nodes(cfg))

@@ -77,6 +77,14 @@ class RunnerConfig(BaseModel):
     )
     max_fence_batch: int = Field(default=500, ge=1)
     pool_cache_seconds: float = Field(default=60.0, ge=0, description="how long pool membership is cached")
+    quarantine_label: str = Field(
+        default="autoheal.io/state=quarantined",
+        pattern=r"^[A-Za-z0-9./_-]{1,253}=[A-Za-z0-9._-]{0,63}$",
+        description="the label the fence sets; such a node found uncordoned cancels its incident",
+    )
+    uncordon_check_seconds: float = Field(
+        default=5.0, ge=0, description="how often to look for nodes uncordoned by hand (0: never)"
+    )
     step_timeout_seconds: int = Field(default=900, ge=1)
     run_timeout_seconds: int = Field(default=3600, ge=1)
     grace_seconds: int = Field(default=120, ge=0)

@@ -1,6 +1,6 @@
 """What the policy needs from Kubernetes, behind a small interface.
 
-Three reads, none of which grows with the size of the cluster for an ordinary incident:
+Three reads for the policy, none of which grows with the size of the cluster for an ordinary incident:
 - the nodes that carry the opt-out label (a label-selected list: on a healthy fleet, a handful);
 - the nodes that run a pod carrying the opt-out label (same, for pods);
 - which pool each node belongs to, for the per-pool budget. Pool membership changes when nodes are
@@ -10,6 +10,8 @@ Three reads, none of which grows with the size of the cluster for an ordinary in
   fleet and delayed a storm's first fence by ~10 s (measured, bench/storm.py).
 Lists ask for metadata only (PartialObjectMetadataList) and are parsed as plain JSON, not into the
 generated client's model classes. Opt-out is always read fresh: a label set a second ago counts.
+The fourth read serves the worker: nodes still labelled quarantined but schedulable again, i.e.
+uncordoned by hand while their incident is open (DESIGN: that cancels the incident).
 
 `FakeKube` serves unit tests; `RealKube` uses the `kubernetes` client with a kubeconfig; `NullKube`
 stands in when no cluster is configured (nothing is opted out, pools are unknown, so only the
@@ -52,6 +54,11 @@ class KubeView(Protocol):
         one of `nodes` is missing from it."""
         ...
 
+    def uncordoned(self, selector: str) -> set[str]:
+        """Nodes matching the label `selector` (our quarantine label) that are schedulable again:
+        someone uncordoned them by hand."""
+        ...
+
 
 class NullKube:
     def nodes_labelled(self, label: str) -> dict[str, dict[str, str]]:
@@ -62,6 +69,9 @@ class NullKube:
 
     def pools(self, pool_label: str, nodes: Collection[str] = ()) -> dict[str, str]:
         return {}
+
+    def uncordoned(self, selector: str) -> set[str]:
+        return set()
 
 
 class FakeKube:
@@ -74,6 +84,7 @@ class FakeKube:
     ) -> None:
         self.nodes = {n: dict(labels) for n, labels in (nodes or {}).items()}
         self.pods = [(node, dict(labels)) for node, labels in pods]
+        self.schedulable: set[str] = set()  # nodes a test "uncordoned by hand"
         self.calls = 0
 
     def nodes_labelled(self, label: str) -> dict[str, dict[str, str]]:
@@ -87,6 +98,11 @@ class FakeKube:
     def pools(self, pool_label: str, nodes: Collection[str] = ()) -> dict[str, str]:
         self.calls += 1
         return {n: labels[pool_label] for n, labels in self.nodes.items() if pool_label in labels}
+
+    def uncordoned(self, selector: str) -> set[str]:
+        self.calls += 1
+        key, _, value = selector.partition("=")
+        return {n for n in self.schedulable if self.nodes.get(n, {}).get(key) == value}
 
 
 class RealKube:
@@ -118,12 +134,13 @@ class RealKube:
         items = data.get("items") if isinstance(data, dict) else None
         return [i for i in items or [] if isinstance(i, dict)]
 
-    def _node_metadata(self, selector: str) -> dict[str, dict[str, str]]:
+    def _node_metadata(self, selector: str, **fields: str) -> dict[str, dict[str, str]]:
         items = self._list(
             f"nodes with label {selector}",
             self._core.list_node_with_http_info,
             label_selector=selector,
             _headers={"Accept": METADATA_ONLY},
+            **fields,
         )
         out = {}
         for item in items:
@@ -158,6 +175,10 @@ class RealKube:
                 cached = {n: labels[pool_label] for n, labels in self._node_metadata(pool_label).items()}
                 self._pool_cache[pool_label] = (now, cached)
             return dict(cached)
+
+    def uncordoned(self, selector: str) -> set[str]:
+        # one small list: only nodes still labelled quarantined whose cordon was lifted
+        return set(self._node_metadata(selector, field_selector="spec.unschedulable=false"))
 
 
 def make_kube(kubeconfig: Path | None, pool_cache_seconds: float = 60.0) -> KubeView:

@@ -90,6 +90,7 @@ class Worker:
         self._inflight_nodes: set[str] = set()
         self._lock = threading.Lock()
         self.first_task_at: dict[str, float] = {}  # incident id -> first task start (benchmarks)
+        self._uncordon_checked = 0.0
 
     # lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -176,6 +177,7 @@ class Worker:
     def tick(self) -> float | None:
         """Do what can be done now; returns seconds until a batch window closes, if waiting."""
         now = time.time()
+        self._cancel_uncordoned(now)
         self._apply_cancels()
         if self.journal.setting(PAUSE_KEY, False):
             return None
@@ -191,6 +193,31 @@ class Worker:
                 self._apply(decisions, tripped, {i.id: i for i in pending})
         self._start_batches()
         return wait
+
+    def _cancel_uncordoned(self, now: float) -> None:
+        """DESIGN, manual control: uncordoning a node by hand cancels its incident. A fenced node
+        still labelled quarantined but schedulable again means a human took over; the runner
+        stops (a running play is cancelled) and says so, instead of fighting them."""
+        every = self.config.uncordon_check_seconds
+        if not every or now - self._uncordon_checked < every:
+            return
+        self._uncordon_checked = now
+        open_ = [i for i in self.journal.incidents(["admitted", "running"]) if not i.cancel_requested]
+        if not open_:
+            return
+        try:
+            nodes = self.policy.kube.uncordoned(self.config.quarantine_label)
+        except RemediationError as exc:
+            log.warning("cannot look for nodes uncordoned by hand: %s", exc)
+            return
+        for inc in open_:
+            if inc.node in nodes and "fenced" in self.journal.done_phases(inc.id):
+                log.warning("node %s was uncordoned by hand: cancelling incident %s", inc.node, inc.id)
+                with self.journal.transaction() as tx:
+                    tx.set_state(inc.id, inc.state, inc.reason, cancel_requested=True)
+                    tx.timeline(
+                        inc.id, "cancel_requested", "ok", source="runner", detail="node uncordoned by hand"
+                    )
 
     def _apply_cancels(self) -> None:
         for inc in self.journal.cancel_requests():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -14,7 +15,7 @@ import yaml
 from remediation.errors import KubeError
 from remediation.kube import FakeKube, RealKube, label_is_set
 
-NODES = {
+NODES: dict[str, Any] = {
     "kind": "NodeList",
     "apiVersion": "v1",
     "metadata": {},
@@ -26,6 +27,11 @@ NODES = {
                 "name": "gpu-5",
                 "labels": {"autoheal.io/pool": "a100", "autoheal.io/opt-out": "false"},
             }
+        },
+        {"metadata": {"name": "gpu-6", "labels": {"autoheal.io/state": "quarantined"}}, "spec": {}},
+        {
+            "metadata": {"name": "gpu-7", "labels": {"autoheal.io/state": "quarantined"}},
+            "spec": {"unschedulable": True},
         },
     ],
 }
@@ -53,8 +59,16 @@ class _Api(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         _Api.seen.append((self.path, self.headers.get("Accept", "")))
         if url.path == "/api/v1/nodes":
-            [selector] = parse_qs(url.query)["labelSelector"]  # never the whole fleet
-            items = [n for n in NODES["items"] if selector in n["metadata"]["labels"]]
+            query = parse_qs(url.query)
+            [selector] = query["labelSelector"]  # never the whole fleet
+            key, _, value = selector.partition("=")
+            items = [
+                n
+                for n in NODES["items"]
+                if key in n["metadata"]["labels"] and (not value or n["metadata"]["labels"][key] == value)
+            ]
+            if query.get("fieldSelector") == ["spec.unschedulable=false"]:
+                items = [n for n in items if not n.get("spec", {}).get("unschedulable")]
             body = {**NODES, "items": items}
         elif url.path == "/api/v1/pods":
             assert parse_qs(url.query)["labelSelector"] == ["autoheal.io/opt-out"]
@@ -118,6 +132,12 @@ def test_real_kube_caches_the_pool_map_and_refreshes_for_an_unknown_node(kubecon
     monkeypatch.setattr(kmod, "MIN_REFRESH_SECONDS", 0.0)
     kube.pools("autoheal.io/pool", {"gpu-9"})
     assert len(_Api.seen) == 2
+
+
+def test_real_kube_finds_quarantined_nodes_uncordoned_by_hand(kubeconfig):
+    _Api.seen.clear()
+    assert RealKube(kubeconfig).uncordoned("autoheal.io/state=quarantined") == {"gpu-6"}
+    assert "fieldSelector=spec.unschedulable%3Dfalse" in _Api.seen[0][0]
 
 
 def test_real_kube_errors_are_kube_errors(tmp_path):

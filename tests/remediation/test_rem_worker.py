@@ -162,6 +162,26 @@ def test_storm_beyond_the_run_slots_is_fenced_first_in_one_run_then_remediated(s
     assert {i.state for i in rt.journal.incidents()} == {"completed"}
 
 
+def test_uncordoning_a_fenced_node_by_hand_cancels_its_incident(serve, effects, kube, monkeypatch):
+    monkeypatch.setenv("AUTOHEAL_STUB_SLEEP_PHASE", "jobs_signalled")
+    monkeypatch.setenv("AUTOHEAL_STUB_SLEEP", "30")
+    rt, client = serve(uncordon_check_seconds=0.2)
+    kube.nodes["gpu-3"]["autoheal.io/state"] = "quarantined"
+    kube.schedulable.add("gpu-3")  # not fenced by us yet: nothing happens
+    [iid] = client.post("/webhook", json=payload(alert("gpu-4")), headers=AUTH).json()["created"]
+    wait_for(lambda: "jobs_signalled gpu-4" in effect_lines(effects), 60, "the run to be past its fence")
+    time.sleep(0.5)
+    assert rt.journal.incident(iid).state == "running"
+    kube.nodes["gpu-4"]["autoheal.io/state"] = "quarantined"
+    kube.schedulable.add("gpu-4")  # kubectl uncordon gpu-4
+    wait_for(lambda: rt.journal.incident(iid).state == "cancelled", 30, "the incident to be cancelled")
+    [entry] = [t for t in rt.journal.timeline(iid) if t.phase == "cancel_requested"]
+    assert entry.detail == "node uncordoned by hand"
+    assert "drained gpu-4" not in effect_lines(effects)  # the run stopped before its later steps
+    [run] = rt.journal.runs_of(iid)
+    assert run.status == "canceled"
+
+
 def test_opt_out_label_skips_replacement_but_still_fences(serve, effects, kube):
     kube.nodes["gpu-2"]["autoheal.io/opt-out"] = "true"
     rt, client = serve()

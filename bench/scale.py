@@ -13,7 +13,7 @@ node (one alert posted to the lab's Alertmanager). Measured:
 
 Target: the net API calls per incident on the large cluster stay <= 1.2x the small one (the
 runbook reads and patches the nodes it handles, never the whole fleet per node). The lab's port
-block holds at most 1,900 nodes (autoheal.lab.config.MAX_NODES): a larger size is cut to that.
+block holds at most 2,600 nodes (autoheal.lab.config.MAX_NODES): a larger size is cut to that.
 
     .venv/bin/python bench/scale.py [--sizes 50,2000] [--port-base 29000] [--timeout 300]
 """
@@ -75,7 +75,7 @@ def one_incident(
         name=f"scale{n}",
         root=root,
         port_base=port_base,
-        # one simulated GPU per node: the simulator's /metrics for 1,900 x 8 GPUs misses the 1 s scrape
+        # one simulated GPU per node: the simulator's /metrics for 2,000 x 8 GPUs misses the 1 s scrape
         pools=[PoolConfig(size=n - spares - headroom, spares=spares, headroom=headroom, gpus_per_node=1)],
         kube=True,
         runner=False,

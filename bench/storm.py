@@ -13,8 +13,9 @@ Part 2, safety: the runner is restarted with a fresh journal and the default bud
 remediation/config.py; `--budget-storm` other nodes fail at once. Proved from outside: no more nodes
 than the budget were drained or cordoned, and the circuit breaker tripped (latched in the journal).
 
-The lab's port block holds at most 1,900 nodes (autoheal.lab.config.MAX_NODES): a larger `--nodes`
-is cut to that and said so.
+The lab's port block holds at most 2,600 nodes (autoheal.lab.config.MAX_NODES): a larger `--nodes`
+is cut to that and said so. The runner's own defaults (max_batch 100, 4 run slots, fence first with
+2 fence slots) apply unless overridden.
 
     .venv/bin/python bench/storm.py [--nodes 2000] [--storm 500] [--budget-storm 50] [--port-base 29000]
 """
@@ -169,10 +170,10 @@ def main() -> None:
         "--gpus-per-node",
         type=int,
         default=1,
-        help="simulated GPUs per node (1,900 x 8 GPUs: the simulator's /metrics misses the 1 s scrape)",
+        help="simulated GPUs per node (2,000 x 8 GPUs: the simulator's /metrics misses the 1 s scrape)",
     )
     ap.add_argument("--max-batch", type=int, default=100)
-    ap.add_argument("--max-concurrent-runs", type=int, default=5)
+    ap.add_argument("--max-concurrent-runs", type=int, default=4)
     ap.add_argument("--port-base", type=int, default=29000)
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for the storm's fencing")
     ap.add_argument("--settle", type=float, default=120.0, help="max seconds to let part 1's plays finish")
@@ -243,7 +244,13 @@ def main() -> None:
             post_s = time.time() - t0
             s_seen, k_seen = watch_fenced(cfg, http, storm, t0, a.timeout)
             both = {n: max(s_seen[n], k_seen[n]) for n in storm if n in s_seen and n in k_seen}
-            jt, states, _ = journal_fenced(journal1, set(storm), t0)
+            # the runner ingests a play's phase reports a moment after the play writes them
+            deadline = time.time() + 15
+            while True:
+                jt, states, _ = journal_fenced(journal1, set(storm), t0)
+                if len(jt) >= len(both) or time.time() > deadline:
+                    break
+                time.sleep(0.5)
             results["part1"] = {
                 "post_s": round(post_s, 3),
                 "fenced": len(both),

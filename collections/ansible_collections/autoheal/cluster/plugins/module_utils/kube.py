@@ -3,19 +3,26 @@
 # Apache License 2.0 (see LICENSE)
 """A small, thread-safe Kubernetes REST helper for the autoheal.cluster modules.
 
-Only the kubeconfig loader of the ``kubernetes`` package is used (its interface has been stable
-for years); requests are plain JSON over ``urllib`` with the loaded TLS material. This keeps the
+Requests are plain JSON over ``http.client`` with the kubeconfig's TLS material. This keeps the
 modules independent of the generated client's model classes and PATCH content-type rules, which
 changed between kubernetes 30 and 37, and lets many nodes be handled concurrently from one process.
+
+Kubeconfigs with a token or a client certificate (the common case, and the runner's in-cluster
+service account) are read here: importing the ``kubernetes`` package costs ~0.3-0.5 s of CPU per
+task, on the path from alert to fence. Anything else (exec plugins, auth providers) goes through
+the ``kubernetes`` package's own loader.
 """
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import base64
 import http.client
 import json
+import os
 import ssl
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote, urlsplit
@@ -35,43 +42,138 @@ class KubeError(Exception):
         self.message = message
 
 
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+class Conn(object):
+    """What a request needs: server URL, CA, client certificate, bearer token."""
+
+    def __init__(self, host, ca_file=None, ca_data=None, verify=True, cert_file=None, key_file=None,
+                 cert_data=None, key_data=None, token=None):
+        self.host = host.rstrip("/")
+        self.token = token
+        ctx = ssl.create_default_context(cafile=ca_file, cadata=ca_data)
+        if not verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if cert_data and key_data:
+            # ssl wants files: write the pair to a private temporary file, load it, remove it
+            fd, path = tempfile.mkstemp(prefix="autoheal-kube-")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(cert_data + b"\n" + key_data)
+                ctx.load_cert_chain(path)
+            finally:
+                os.unlink(path)
+        elif cert_file:
+            ctx.load_cert_chain(cert_file, key_file)
+        self.ctx = ctx
+
+
+def _b64(value):
+    return base64.b64decode(value) if value else None
+
+
+def _rel(base, path):
+    return path if not path or os.path.isabs(path) else os.path.join(os.path.dirname(base), path)
+
+
+def simple_conn(path, context=None):
+    """A Conn from a kubeconfig that uses a token or a client certificate; None when it needs the
+    kubernetes package (exec plugins, auth providers, several files in KUBECONFIG)."""
+    import yaml  # ansible depends on PyYAML
+
+    with open(path) as fh:
+        cfg = yaml.safe_load(fh) or {}
+    name = context or cfg.get("current-context")
+    ctx = next((c.get("context") or {} for c in cfg.get("contexts") or [] if c.get("name") == name), None)
+    if ctx is None:
+        raise ValueError("context %r not found in %s" % (name, path))
+    cluster = next((c.get("cluster") or {} for c in cfg.get("clusters") or []
+                    if c.get("name") == ctx.get("cluster")), None)
+    user = next((u.get("user") or {} for u in cfg.get("users") or [] if u.get("name") == ctx.get("user")), {})
+    if not cluster or not cluster.get("server"):
+        raise ValueError("cluster %r of context %r has no server in %s" % (ctx.get("cluster"), name, path))
+    if set(user) - {"token", "tokenFile", "client-certificate", "client-key", "client-certificate-data",
+                    "client-key-data"}:
+        return None
+    token = user.get("token")
+    if not token and user.get("tokenFile"):
+        with open(_rel(path, user["tokenFile"])) as fh:
+            token = fh.read().strip()
+    ca_data = _b64(cluster.get("certificate-authority-data"))
+    return Conn(
+        cluster["server"],
+        ca_file=_rel(path, cluster.get("certificate-authority")),
+        ca_data=ca_data.decode("ascii") if ca_data else None,
+        verify=not cluster.get("insecure-skip-tls-verify"),
+        cert_file=_rel(path, user.get("client-certificate")),
+        key_file=_rel(path, user.get("client-key")),
+        cert_data=_b64(user.get("client-certificate-data")),
+        key_data=_b64(user.get("client-key-data")),
+        token=token,
+    )
+
+
+def incluster_conn():
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port or not os.path.isfile(os.path.join(SA_DIR, "token")):
+        return None
+    with open(os.path.join(SA_DIR, "token")) as fh:
+        token = fh.read().strip()
+    if ":" in host:
+        host = "[%s]" % host
+    return Conn("https://%s:%s" % (host, port), ca_file=os.path.join(SA_DIR, "ca.crt"), token=token)
+
+
+def library_conn(kubeconfig, context):
+    """The kubernetes package's loader, for everything simple_conn does not read."""
+    from kubernetes import config as kconfig
+    from kubernetes.client import Configuration
+
+    cfg = Configuration()
+    kconfig.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    # the loader stores the whole header value ("Bearer ..."), or the token and a separate prefix
+    token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+    prefix = (cfg.api_key_prefix or {}).get("authorization")
+    if token and prefix:
+        token = "%s %s" % (prefix, token)
+    conn = Conn(cfg.host, ca_file=cfg.ssl_ca_cert, verify=cfg.verify_ssl, cert_file=cfg.cert_file,
+                key_file=cfg.key_file)
+    conn.token = token
+    conn.raw_authorization = True
+    return conn
+
+
+def load_conn(kubeconfig=None, context=None):
+    if not kubeconfig:
+        conn = incluster_conn()
+        if conn is not None:
+            return conn
+        env = os.environ.get("KUBECONFIG", "")
+        kubeconfig = env if env and os.pathsep not in env else (
+            None if env else os.path.expanduser("~/.kube/config"))
+    conn = simple_conn(kubeconfig, context) if kubeconfig else None
+    return conn if conn is not None else library_conn(kubeconfig, context)
+
+
 class Kube(object):
     def __init__(self, module):
         self.module = module
         self.timeout = module.params.get("request_timeout") or 20
         self.workers = max(1, module.params.get("workers") or 16)
         try:
-            from kubernetes import config as kconfig
-            from kubernetes.client import Configuration
+            conn = load_conn(module.params.get("kubeconfig"), module.params.get("context"))
         except ImportError:
-            module.fail_json(msg="the kubernetes Python package is required")
-        cfg = Configuration()
-        kubeconfig = module.params.get("kubeconfig")
-        try:
-            if kubeconfig:
-                kconfig.load_kube_config(config_file=kubeconfig, context=module.params.get("context"),
-                                         client_configuration=cfg)
-            else:
-                try:
-                    kconfig.load_incluster_config(client_configuration=cfg)
-                except Exception:
-                    kconfig.load_kube_config(context=module.params.get("context"),
-                                             client_configuration=cfg)
+            module.fail_json(msg="the kubernetes Python package is required for this kubeconfig")
         except Exception as exc:
             module.fail_json(msg="cannot load Kubernetes configuration: %s" % exc)
-        self.host = cfg.host.rstrip("/")
+        self.host = conn.host
         self.headers = {"Accept": "application/json"}
-        token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
-        if token:
-            prefix = (cfg.api_key_prefix or {}).get("authorization")
-            self.headers["Authorization"] = ("%s %s" % (prefix, token)) if prefix else token
-        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
-        if not cfg.verify_ssl:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        if cfg.cert_file:
-            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-        self.ctx = ctx
+        if conn.token:
+            raw = getattr(conn, "raw_authorization", False)
+            self.headers["Authorization"] = conn.token if raw else "Bearer %s" % conn.token
+        self.ctx = conn.ctx
         url = urlsplit(self.host)
         self.scheme, self.netloc, self.base = url.scheme, url.netloc, url.path.rstrip("/")
         # One keep-alive connection per worker thread: a batch costs a TLS handshake per thread,

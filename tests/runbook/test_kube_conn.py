@@ -1,0 +1,83 @@
+"""How the collection's Kubernetes helper reads a kubeconfig without importing the `kubernetes`
+package (token, token file, client certificate, CA data), and when it hands over to it."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+MU = (
+    Path(__file__).resolve().parents[2]
+    / "collections/ansible_collections/autoheal/cluster/plugins/module_utils/kube.py"
+)
+spec = importlib.util.spec_from_file_location("autoheal_kube_mu", MU)
+assert spec is not None and spec.loader is not None
+kube = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kube)
+
+
+def write(tmp: Path, user: dict[str, Any], cluster: dict[str, Any] | None = None) -> Path:
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "c",
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+        "clusters": [{"name": "k", "cluster": cluster or {"server": "https://127.0.0.1:6443/"}}],
+        "users": [{"name": "u", "user": user}],
+    }
+    path = tmp / "kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_token_and_relative_token_file(tmp_path):
+    conn = kube.simple_conn(write(tmp_path, {"token": "abc"}))
+    assert conn.host == "https://127.0.0.1:6443" and conn.token == "abc"
+    (tmp_path / "tok").write_text("from-file\n")
+    assert kube.simple_conn(write(tmp_path, {"tokenFile": "tok"})).token == "from-file"
+
+
+def test_client_certificate_data_and_ca_data_are_loaded(tmp_path):
+    """The lab's own PKI: a CA and a client pair, as base64 data in the kubeconfig."""
+    lab_pki = pytest.importorskip("autoheal.lab.kube")
+    pki = tmp_path / "pki"
+    lab_pki.generate_pki(pki)
+    b64 = {n: base64.b64encode((pki / n).read_bytes()).decode() for n in ("ca.crt", "admin.crt", "admin.key")}
+    path = write(
+        tmp_path,
+        {"client-certificate-data": b64["admin.crt"], "client-key-data": b64["admin.key"]},
+        {"server": "https://127.0.0.1:6443", "certificate-authority-data": b64["ca.crt"]},
+    )
+    conn = kube.simple_conn(path)
+    assert conn.token is None and conn.ctx.verify_mode.name == "CERT_REQUIRED"
+    assert not list(tmp_path.glob("autoheal-kube-*"))  # the temporary key file is gone
+
+
+def test_exec_plugins_go_to_the_kubernetes_package_and_bad_contexts_fail(tmp_path):
+    assert kube.simple_conn(write(tmp_path, {"exec": {"command": "aws"}})) is None
+    with pytest.raises(ValueError, match="context 'nope' not found"):
+        kube.simple_conn(write(tmp_path, {"token": "x"}), context="nope")
+
+
+@pytest.mark.parametrize(
+    ("user", "imported"), [({"token": "abc"}, False), ({"exec": {"command": "x"}}, True)]
+)
+def test_the_kubernetes_package_is_imported_only_when_needed(tmp_path, user, imported):
+    """In a fresh interpreter (pytest itself may have imported it already)."""
+    path = write(tmp_path, user)
+    code = (
+        "import importlib.util, sys\n"
+        f"s = importlib.util.spec_from_file_location('m', {str(MU)!r})\n"
+        "m = importlib.util.module_from_spec(s); s.loader.exec_module(m)\n"
+        f"try:\n    m.load_conn({str(path)!r})\nexcept Exception:\n    pass\n"
+        "print('kubernetes' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(imported)

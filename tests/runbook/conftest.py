@@ -8,6 +8,7 @@ and is ALWAYS torn down (`autoheal lab down`) in the finalizer. Destructive test
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -20,11 +21,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+MODULE_UTILS = REPO / "collections/ansible_collections/autoheal/cluster/plugins/module_utils"
+
+
+def module_utils(name: str) -> ModuleType:
+    """One of the collection's module_utils files, loaded on its own (they import nothing of
+    Ansible's), for tests that need no cluster."""
+    spec = importlib.util.spec_from_file_location(f"autoheal_mu_{name}", MODULE_UTILS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 VENV_BIN = Path(sys.executable).parent
 AUTOHEAL = str(VENV_BIN / "autoheal")
 LAB_NAME = "runbook"

@@ -4,7 +4,6 @@ package (token, token file, client certificate, CA data), and when it hands over
 from __future__ import annotations
 
 import base64
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,14 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-MU = (
-    Path(__file__).resolve().parents[2]
-    / "collections/ansible_collections/autoheal/cluster/plugins/module_utils/kube.py"
-)
-spec = importlib.util.spec_from_file_location("autoheal_kube_mu", MU)
-assert spec is not None and spec.loader is not None
-kube = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(kube)
+from tests.runbook.conftest import MODULE_UTILS, module_utils
+
+MU = MODULE_UTILS / "kube.py"
+kube = module_utils("kube")
 
 
 def write(tmp: Path, user: dict[str, Any], cluster: dict[str, Any] | None = None) -> Path:

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-MU = (
-    Path(__file__).resolve().parents[2]
-    / "collections/ansible_collections/autoheal/cluster/plugins/module_utils/slurm.py"
-)
-spec = importlib.util.spec_from_file_location("autoheal_slurm_mu", MU)
-assert spec is not None and spec.loader is not None
-slurm = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(slurm)
+from tests.runbook.conftest import module_utils
+
+slurm = module_utils("slurm")
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,8 @@ description:
   - A second run finds nothing left to evict and reports no change.
 version_added: 0.1.0
 author: autoheal maintainers
+extends_documentation_fragment:
+  - autoheal.cluster.kube
 options:
   nodes:
     description: Node names.
@@ -51,20 +53,6 @@ options:
     description: Seconds between retries and checks.
     type: float
     default: 1
-  kubeconfig:
-    description: Path to a kubeconfig; default in-cluster config, then C(~/.kube/config).
-    type: path
-  context:
-    description: Kubeconfig context.
-    type: str
-  workers:
-    description: Concurrent API requests.
-    type: int
-    default: 16
-  request_timeout:
-    description: Seconds per API request.
-    type: float
-    default: 20
 attributes:
   check_mode:
     support: full

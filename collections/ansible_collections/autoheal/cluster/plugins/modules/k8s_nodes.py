@@ -23,6 +23,8 @@ description:
     O(cordon_owned_only=false).
 version_added: 0.1.0
 author: autoheal maintainers
+extends_documentation_fragment:
+  - autoheal.cluster.kube
 options:
   nodes:
     description: Node names.
@@ -78,20 +80,6 @@ options:
     description: Do not fail on nodes that do not exist (they are reported).
     type: bool
     default: false
-  kubeconfig:
-    description: Path to a kubeconfig; default in-cluster config, then C(~/.kube/config).
-    type: path
-  context:
-    description: Kubeconfig context.
-    type: str
-  workers:
-    description: Concurrent API requests.
-    type: int
-    default: 16
-  request_timeout:
-    description: Seconds per API request.
-    type: float
-    default: 20
 attributes:
   check_mode:
     support: full

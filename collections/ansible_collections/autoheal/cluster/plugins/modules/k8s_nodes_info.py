@@ -19,6 +19,8 @@ description:
   - With O(selector), also lists the nodes matching a label selector (e.g. the spares of a pool).
 version_added: 0.1.0
 author: autoheal maintainers
+extends_documentation_fragment:
+  - autoheal.cluster.kube
 options:
   nodes:
     description: Node names to read.
@@ -40,20 +42,6 @@ options:
     description: Label value that opts out.
     type: str
     default: "true"
-  kubeconfig:
-    description: Path to a kubeconfig; default in-cluster config, then C(~/.kube/config).
-    type: path
-  context:
-    description: Kubeconfig context.
-    type: str
-  workers:
-    description: Concurrent API requests.
-    type: int
-    default: 16
-  request_timeout:
-    description: Seconds per API request.
-    type: float
-    default: 20
 attributes:
   check_mode:
     support: full

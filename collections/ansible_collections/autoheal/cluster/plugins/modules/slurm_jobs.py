@@ -32,6 +32,8 @@ description:
     with C(--json), so the module filters by node itself.
 version_added: 0.1.0
 author: autoheal maintainers
+extends_documentation_fragment:
+  - autoheal.cluster.slurm
 options:
   nodes:
     description: Slurm node names whose jobs are wanted.
@@ -66,16 +68,6 @@ options:
     description: Requeue jobs still running when the grace period ends (Slurm kills them after KillWait).
     type: bool
     default: true
-  slurm_conf:
-    description: Path to slurm.conf (exported as C(SLURM_CONF)).
-    type: path
-  bin_dir:
-    description: Directory holding C(squeue), C(scancel) and C(scontrol); default is the C(PATH).
-    type: path
-  timeout:
-    description: Seconds allowed per Slurm command.
-    type: int
-    default: 30
 notes:
   - Check mode lists the jobs and reports what would be signalled and requeued; it sends nothing.
   - A job that finishes on its own between the listing and the signal is still requeued if it

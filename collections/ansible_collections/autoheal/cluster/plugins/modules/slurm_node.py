@@ -24,6 +24,8 @@ description:
     C(changed) only when it sends an update, and verifies the new state afterwards.
 version_added: 0.1.0
 author: autoheal maintainers
+extends_documentation_fragment:
+  - autoheal.cluster.slurm
 options:
   nodes:
     description: Slurm node names (validated against the Kubernetes/Slurm node name grammar).
@@ -73,16 +75,6 @@ options:
     description: How long to wait for slurmctld to show the new state before failing.
     type: float
     default: 10
-  slurm_conf:
-    description: Path to slurm.conf (exported as C(SLURM_CONF) to the Slurm commands).
-    type: path
-  bin_dir:
-    description: Directory holding C(scontrol) and C(sinfo); default is the C(PATH).
-    type: path
-  timeout:
-    description: Seconds allowed per Slurm command.
-    type: int
-    default: 30
 notes:
   - Check mode reports what would change and runs only read-only commands.
   - Supports diff mode (per node state, flags and reason before and after).

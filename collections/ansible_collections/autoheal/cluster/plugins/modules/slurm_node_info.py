@@ -19,6 +19,8 @@ description:
   - See the M(autoheal.cluster.slurm_jobs) documentation for the JSON differences between releases.
 version_added: 0.1.0
 author: autoheal maintainers
+extends_documentation_fragment:
+  - autoheal.cluster.slurm
 options:
   nodes:
     description: Node names to return; all nodes when omitted. Unknown names go to RV(missing_nodes).
@@ -28,16 +30,6 @@ options:
     description: Prefix that marks a reason as ours.
     type: str
     default: "autoheal: "
-  slurm_conf:
-    description: Path to slurm.conf (exported as C(SLURM_CONF)).
-    type: path
-  bin_dir:
-    description: Directory holding C(sinfo).
-    type: path
-  timeout:
-    description: Seconds allowed per Slurm command.
-    type: int
-    default: 30
 attributes:
   check_mode:
     support: full

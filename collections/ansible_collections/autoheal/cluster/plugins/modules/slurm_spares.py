@@ -31,6 +31,8 @@ description:
     covered - one runner per cluster.
 version_added: 0.1.0
 author: autoheal maintainers
+extends_documentation_fragment:
+  - autoheal.cluster.slurm
 options:
   nodes:
     description: Failed node names.
@@ -71,16 +73,6 @@ options:
     description: Seconds to wait for the lock before failing.
     type: int
     default: 120
-  slurm_conf:
-    description: Path to slurm.conf (exported as C(SLURM_CONF)).
-    type: path
-  bin_dir:
-    description: Directory holding C(sinfo) and C(scontrol).
-    type: path
-  timeout:
-    description: Seconds allowed per Slurm command.
-    type: int
-    default: 30
 attributes:
   check_mode:
     support: full

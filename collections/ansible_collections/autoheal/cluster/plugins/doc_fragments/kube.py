@@ -1,0 +1,30 @@
+# -*- coding: utf-8 -*-
+# Copyright: autoheal maintainers
+# Apache License 2.0 (see LICENSE)
+"""Options every autoheal.cluster Kubernetes module shares (module_utils/kube.py KUBE_COMMON_ARGS)."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+
+class ModuleDocFragment(object):
+    DOCUMENTATION = r"""
+options:
+  kubeconfig:
+    description: Path to a kubeconfig; default in-cluster config, then C(KUBECONFIG), then C(~/.kube/config).
+    type: path
+  context:
+    description: Kubeconfig context.
+    type: str
+  workers:
+    description: Concurrent API requests.
+    type: int
+    default: 16
+  request_timeout:
+    description: Seconds per API request.
+    type: float
+    default: 20
+requirements:
+  - kubernetes (Python), only for kubeconfigs with exec plugins or auth providers
+"""

@@ -205,20 +205,27 @@ def pool_status(name: NameOpt = "default", root: RootOpt = None, json_: JsonOpt 
 
 @pool_app.command("retire")
 def pool_retire(
-    node: Annotated[str, typer.Option(help="The node to terminate.")],
+    node: Annotated[list[str], typer.Option(help="A node to terminate (repeat for a batch).")],
     name: NameOpt = "default",
     root: RootOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Terminate a node the way a cloud autoscaling group would; the pool backfills it."""
+    """Terminate nodes the way a cloud autoscaling group would (a batch concurrently); the pool
+    backfills them. --json prints one result per node."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from autoheal.lab import pool
     from autoheal.names import validate_node_name
 
-    res = pool.client_retire(labmod.require(name, root), validate_node_name(node, "--node"))
+    cfg = labmod.require(name, root)
+    nodes = [validate_node_name(n, "--node") for n in node]
+    with ThreadPoolExecutor(min(16, len(nodes))) as ex:
+        results = list(ex.map(lambda n: pool.client_retire(cfg, n), nodes))
     if json_:
-        out.print_json(json.dumps(res))
-    else:
-        console.print(f"{node}: {'retired' if res['changed'] else 'already retired'}")
+        out.print_json(json.dumps(results))
+        return
+    for n, res in zip(nodes, results, strict=True):
+        console.print(f"{n}: {'retired' if res['changed'] else 'already retired'}")
 
 
 def _register_runner() -> None:

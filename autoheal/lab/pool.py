@@ -59,6 +59,7 @@ class PoolController:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.file = self.dir / "state.json"
         self.lock = threading.RLock()
+        self._sim_dirty = threading.Event()
         if self.file.exists():
             self.state: dict[str, Any] = json.loads(self.file.read_text())
         else:
@@ -134,7 +135,8 @@ class PoolController:
             from autoheal.lab import kube
 
             kube.delete_node(self.cfg.kubeconfig, node)
-        self._sync_simulator()
+        # the simulator gets the whole fleet in one PUT: a storm's retirements share one, next loop
+        self._sim_dirty.set()
         return {"node": node, "changed": True, "state": "retired"}
 
     def reconcile(self) -> None:
@@ -192,6 +194,9 @@ class PoolController:
     def run_forever(self, interval: float = 0.5) -> None:
         while True:
             try:
+                if self._sim_dirty.is_set():
+                    self._sim_dirty.clear()
+                    self._sync_simulator()
                 self.reconcile()
             except Exception as exc:  # keep reconciling: a cloud controller never gives up
                 with self.lock:

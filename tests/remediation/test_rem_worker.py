@@ -144,7 +144,10 @@ def test_busy_run_slots_do_not_leave_admitted_nodes_unfenced(serve, effects, tmp
     assert len(full) == 2 and all(r.status == "successful" for r in full)
 
 
-def test_storm_beyond_the_run_slots_is_fenced_first_in_one_run_then_remediated(serve, effects):
+def test_storm_beyond_the_run_slots_is_fenced_first_in_one_run_then_remediated(serve, effects, monkeypatch):
+    monkeypatch.setenv(
+        "AUTOHEAL_STUB_IGNORE_DONE", "1"
+    )  # full runs re-check the fence, as the real play does
     rt, client = serve(
         budgets={"max_nodes": 20, "max_pool_percent": 100},
         max_concurrent_runs=1,
@@ -157,7 +160,10 @@ def test_storm_beyond_the_run_slots_is_fenced_first_in_one_run_then_remediated(s
     assert runs[0].source == "fence" and len(runs[0].nodes) == 5  # every node fenced at once
     assert [len(r.nodes) for r in runs[1:]] == [2, 2, 1] and {r.source for r in runs[1:]} == {"worker"}
     lines = effect_lines(effects)
-    assert sorted(x for x in lines if x.startswith("fenced")) == [f"fenced gpu-{i}" for i in range(1, 6)]
+    assert 'autoheal_incident_phase_duration_seconds_count{phase="fenced"} 5.0' in client.get("/metrics").text
+    assert sorted(x for x in lines if x.startswith("fenced")) == sorted(
+        [f"fenced gpu-{i}" for i in range(1, 6)] * 2
+    )
     assert sorted(lines[:5]) == [f"fenced gpu-{i}" for i in range(1, 6)]  # before any other step
     assert {i.state for i in rt.journal.incidents()} == {"completed"}
 

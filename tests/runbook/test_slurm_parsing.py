@@ -129,3 +129,32 @@ def test_squeue_falls_back_to_job_resources_allocation():
 @pytest.mark.parametrize("bad", ["GPU-1", "gpu_1", "gpu-1;rm -rf /", "-gpu", "gpu-[1-3]", "a" * 64, ""])
 def test_node_name_grammar_rejects_hostile_names(bad):
     assert not slurm.NODE_NAME_RE.match(bad)
+
+
+def test_sinfo_text_records_match_the_json_ones():
+    """`sinfo -N -O` as captured from Slurm 22.05 (one line per node and partition)."""
+    sep = slurm.SINFO_SEP
+    lines = [
+        sep.join(["gpu-7", "idle+drain", "h100", "pool_h100", "autoheal: replaces gpu-3 inc-1", "x y: z"]),
+        sep.join(["gpu-7", "idle+drain", "batch*", "pool_h100", "autoheal: replaces gpu-3 inc-1", "x y: z"]),
+        sep.join(["gpu-500", "unknown+not_responding", "batch*", "pool_h100", "(null)", "none"]),
+        sep.join(["gpu-8", "down", "h100", "(null)", "(null)", "dead"]),
+    ]
+    got = slurm.parse_sinfo_text("\n".join(lines) + "\n")
+    assert got["gpu-7"] == {
+        "name": "gpu-7",
+        "state": "idle",
+        "flags": ["DRAIN"],
+        "reason": "x y: z",
+        "comment": "autoheal: replaces gpu-3 inc-1",
+        "features": ["pool_h100"],
+        "partitions": ["h100", "batch"],
+        "drained": True,
+        "down": False,
+        "responding": True,
+    }
+    assert got["gpu-500"]["reason"] == "" and got["gpu-500"]["comment"] == ""
+    assert not got["gpu-500"]["responding"] and got["gpu-500"]["state"] == "unknown"
+    assert got["gpu-8"]["down"] and got["gpu-8"]["features"] == []
+    fmt = slurm.SINFO_TEXT_FORMAT
+    assert fmt.startswith("NodeList:0" + sep) and fmt.endswith(",Reason:0")

@@ -5,7 +5,8 @@ argv: PHASES EVENTS_PATH JSON({"nodes", "ids", "done", "dry"}); PHASES is comma-
 in order (one process for the whole play keeps the stub cheap on a loaded machine).
 env:  AUTOHEAL_STUB_EFFECTS (file to append "phase node" lines), AUTOHEAL_STUB_SLEEP_PHASE +
       AUTOHEAL_STUB_SLEEP (seconds to sleep in that phase), AUTOHEAL_STUB_SLEEP_ONCE (marker
-      file: sleep only once), AUTOHEAL_STUB_FAIL_PHASE.
+      file: sleep only once), AUTOHEAL_STUB_FAIL_PHASE, AUTOHEAL_STUB_IGNORE_DONE (redo done phases,
+      like the real runbook's idempotent steps do).
 """
 
 import json
@@ -25,11 +26,8 @@ def main() -> int:
 
 def run_phase(phase: str, events_path: str, spec: dict) -> bool:
     """Run one phase for the batch; True when it failed."""
-    todo = [
-        (n, i)
-        for n, i in zip(spec["nodes"], spec["ids"], strict=True)
-        if phase not in spec.get("done", {}).get(n, [])
-    ]
+    done = {} if os.environ.get("AUTOHEAL_STUB_IGNORE_DONE") else spec.get("done", {})
+    todo = [(n, i) for n, i in zip(spec["nodes"], spec["ids"], strict=True) if phase not in done.get(n, [])]
     if not todo:
         return False
 

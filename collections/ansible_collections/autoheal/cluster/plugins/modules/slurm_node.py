@@ -284,7 +284,7 @@ def main():
         validate_text(module, comment, "comment")
 
     slurm = Slurm(module)
-    before = slurm.nodes()
+    before = slurm.nodes(nodes)
 
     result = dict(changed=False, changed_nodes=[], unchanged_nodes=[], skipped_nodes=[],
                   missing_nodes=[], reason=reason or "", reasons=per_node, hostlist="", nodes_after={},
@@ -331,7 +331,7 @@ def main():
                     "%s: %s" % (argv[2], (r[2] or r[1]).strip()) for argv, r in bad), **result)
         deadline = time.time() + p["verify_seconds"]
         while True:
-            now = slurm.nodes()
+            now = slurm.nodes(result["changed_nodes"])
             pending = [n for n in result["changed_nodes"]
                        if not satisfied(now.get(n), p["state"], per_node.get(n, reason), comment)]
             if not pending or time.time() >= deadline:

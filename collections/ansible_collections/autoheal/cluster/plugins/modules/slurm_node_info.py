@@ -75,7 +75,7 @@ def main():
     if wanted is not None:
         wanted = validate_nodes(module, wanted)
     prefix = module.params["reason_prefix"].rstrip()
-    allnodes = Slurm(module).nodes()
+    allnodes = Slurm(module).nodes(wanted)
     out = {}
     for name, rec in allnodes.items():
         if wanted is not None and name not in wanted:

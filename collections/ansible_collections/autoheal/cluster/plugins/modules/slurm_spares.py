@@ -273,7 +273,7 @@ def main():
     slurm.run(["scontrol", "update", "nodename=%s" % compress_hostlist(to_resume), "state=resume"])
     deadline = time.time() + 10
     while True:
-        now = slurm.nodes()
+        now = slurm.nodes(to_resume)
         pending = [n for n in to_resume if now.get(n, {}).get("drained", True)]
         if not pending or time.time() > deadline:
             break

@@ -474,21 +474,25 @@ class Worker:
         events, offset = read_events(Path(run.events_path), run.events_offset, allowed)
         if offset == run.events_offset:
             return []
-        opened = {}
+        opened: dict[str, float] = {}
+        # a phase counts once per incident in the metrics: a full run after a fence-only run (or a
+        # rerun after a crash) reports `fenced` again
+        seen = {iid: set(self.journal.done_phases(iid)) for iid in {ev.incident for ev in events}}
+        first: list[PhaseEvent] = []
         with self.journal.transaction() as tx:
             for ev in events:
                 tx.timeline(
                     ev.incident, ev.phase, ev.status, source="play", ts=ev.ts, run_id=run.id, detail=ev.detail
                 )
-                if ev.status == "ok" and ev.incident not in opened:
-                    inc = tx.get(ev.incident)
-                    opened[ev.incident] = inc.opened_at if inc else ev.ts
+                if ev.status == "ok" and ev.phase not in seen[ev.incident]:
+                    seen[ev.incident].add(ev.phase)
+                    first.append(ev)
+                    if ev.incident not in opened:
+                        inc = tx.get(ev.incident)
+                        opened[ev.incident] = inc.opened_at if inc else ev.ts
             tx.update_run(run.id, events_offset=offset)
-        for ev in events:
-            if ev.status == "ok":
-                self.metrics.phase_duration.labels(phase=ev.phase).observe(
-                    max(0.0, ev.ts - opened[ev.incident])
-                )
+        for ev in first:
+            self.metrics.phase_duration.labels(phase=ev.phase).observe(max(0.0, ev.ts - opened[ev.incident]))
         return events
 
     def _finish(

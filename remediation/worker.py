@@ -6,14 +6,15 @@ batches and start them (bounded by `max_concurrent_runs`, each under its nodes' 
 run closes its incidents (completed, quarantined, failed) from the play's own phase reports.
 
 Fence first: a run is a whole runbook (30 s and more in a storm, most of it waiting for jobs to
-checkpoint). When more admitted incidents are unfenced than one batch (a storm), or every run slot
-is busy, they would wait unfenced behind those runs while jobs keep landing on nodes with dead
-GPUs; and full runs started side by side fence slowly, competing for CPU with each other's later
-steps. So the worker fences them all first, in short fence-only runs (the same play with
-`autoheal_stop_after=fenced`; at most `max_concurrent_fences` at once, up to `max_fence_batch`
-nodes each). The incidents stay admitted and get their full runs as slots free up (their fence
-steps then find nothing to change). An incident that fits a free slot goes straight to its full
-run, which fences first anyway. Figures with 500 of 2,000 nodes failing: bench/storm.py.
+checkpoint). When more admitted incidents are unfenced than one batch (a storm; its late arrivals
+too, while its fence-only runs are in flight), or every run slot is busy, they would wait unfenced
+behind those runs while jobs keep landing on nodes with dead GPUs; and full runs started side by
+side fence slowly, competing for CPU with each other's later steps. So the worker fences them all
+first, in short fence-only runs (the same play with `autoheal_stop_after=fenced`; at most
+`max_concurrent_fences` at once, up to `max_fence_batch` nodes each). The incidents stay admitted
+and get their full runs as slots free up (their fence steps then find nothing to change). An
+incident that fits a free slot goes straight to its full run, which fences first anyway. Figures
+with 500 of 2,000 nodes failing: bench/storm.py.
 
 On start, `recover()` finds runs a dead runner left "running": it stops the orphaned
 ansible-playbook, ingests the phases the play reported before the crash, marks the run interrupted
@@ -290,12 +291,15 @@ class Worker:
         with self._lock:
             free = max(0, self.config.max_concurrent_runs - len(self._inflight))
         unfenced = sum(1 for m in groups.values() for i in m if i.id not in self._fence_tried)
-        # A storm (more unfenced nodes than one batch) or every slot busy: fence them all first in
-        # fence-only runs; full runs take the fenced ones as slots free up.
+        # A storm (more unfenced nodes than one batch, or a storm being fenced right now) or every
+        # slot busy: fence them all first in fence-only runs; full runs take the fenced ones as
+        # slots free up.
+        with self._lock:
+            storm_fencing = bool(self._fencing)
         fence_first = (
             self.config.max_concurrent_fences > 0
             and unfenced > 0
-            and (free == 0 or unfenced > self.config.max_batch)
+            and (free == 0 or unfenced > self.config.max_batch or storm_fencing)
         )
         waiting: dict[BatchKey, list[IncidentRecord]] = defaultdict(list)
         for key, members in groups.items():

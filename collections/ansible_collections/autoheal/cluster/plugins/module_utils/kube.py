@@ -220,9 +220,13 @@ class Kube(object):
             raise KubeError(resp.status, msg)
         return json.loads(raw) if raw else {}
 
-    def get_node(self, name):
+    def get_node(self, name, cached=False):
+        """The node, or None. cached=True reads the apiserver's watch cache (resourceVersion=0),
+        sparing etcd a quorum read per node; only for reads whose write carries the
+        resourceVersion it saw (a stale read then fails with 409 and is retried uncached)."""
         try:
-            return self.request("GET", "/api/v1/nodes/" + quote(name))
+            return self.request("GET", "/api/v1/nodes/" + quote(name),
+                                query={"resourceVersion": "0"} if cached else None)
         except KubeError as exc:
             if exc.status == 404:
                 return None

@@ -256,13 +256,20 @@ def main():
     kube = Kube(module)
 
     def handle(name):
-        for _attempt in range(5):
-            node = kube.get_node(name)
+        for attempt in range(6):
+            # The first read comes from the watch cache and is trusted only for a patch, which
+            # carries its resourceVersion; "missing" or "nothing to change" is read again.
+            cached = attempt == 0
+            node = kube.get_node(name, cached=cached)
             if node is None:
+                if cached:
+                    continue
                 return dict(missing=True)
             cur = view(node)
             new, skipped = desired(cur, name, p)
             if same(cur, new):
+                if cached:
+                    continue
                 return dict(changed=False, before=cur, after=cur, skipped=skipped)
             if module.check_mode:
                 return dict(changed=True, before=cur, after=new, skipped=skipped)

@@ -32,8 +32,7 @@ NAME = "rbbench"
 PORT_BASE = 26000
 STEP_RE = re.compile(r"^(?P<name>.+?) -{2,} (?P<secs>\d+\.\d+)s$")
 STEPS = {
-    "slurm_drain": "slurm_node : Set the Slurm state of the batch to drain",
-    "k8s_quarantine": "k8s_node : Quarantine the nodes (cordon, taint, label), concurrently",
+    "fence": "Fence - Slurm drain and Kubernetes quarantine (cordon, taint, label), concurrently",
     "spares_slurm": "node_pool : Pick and resume one hot spare per failed node in Slurm",
     "spares_k8s": "node_pool : Make the spares ordinary pool members in Kubernetes (untaint, relabel)",
     "jobs_start": "slurm_jobs : Start evacuating the jobs on the batch in the background",

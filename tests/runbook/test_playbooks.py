@@ -327,7 +327,12 @@ def test_gpu_fatal_xid_on_a_batch_promotes_a_spare_per_node_and_drains_them_toge
     res = run_playbook("gpu_fatal_xid", extra, tmp=tmp_path)
     assert res.rc == 0, res.output[-5000:]
     # each step ran once for the batch (one task), not once per node
-    assert res.output.count("TASK [slurm_node : Set the Slurm state of the batch to drain]") == 1
+    assert (
+        res.output.count(
+            "TASK [Fence - Slurm drain and Kubernetes quarantine (cordon, taint, label), concurrently]"
+        )
+        == 1
+    )
     for node, inc in (("gpu-3", "inc-b3"), ("gpu-4", "inc-b4")):
         assert (
             lab.node(node)["state"] == "down" and lab.node(node)["reason"] == f"autoheal: XID 79 gpu3 {inc}"
@@ -363,8 +368,10 @@ def test_stop_after_fenced_fences_and_ends_and_the_full_run_finds_the_fence_done
         assert kn["spec"].get("unschedulable") is True and quarantine_taint(kn)
     full = run_playbook("gpu_fatal_xid", extra, tmp=tmp_path)
     assert full.rc == 0, full.output[-5000:]
-    drain_task = full.output.split("TASK [slurm_node : Set the Slurm state of the batch to drain]", 1)[1]
-    status = re.search(r"^(ok|changed): \[localhost\]", drain_task, re.M)
-    assert status and status.group(1) == "ok", drain_task[:400]
+    fence_task = full.output.split(
+        "TASK [Fence - Slurm drain and Kubernetes quarantine (cordon, taint, label), concurrently]", 1
+    )[1]
+    status = re.search(r"^(ok|changed): \[localhost\]", fence_task, re.M)
+    assert status and status.group(1) == "ok", fence_task[:400]
     assert lab.node("gpu-3")["state"] == "down"
     assert "spare_promoted" in [e["phase"] for e in lab.journal_lines()]

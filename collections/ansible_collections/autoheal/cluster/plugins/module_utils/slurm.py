@@ -168,6 +168,10 @@ def compress_hostlist(names):
 # --- running Slurm -----------------------------------------------------------------------------
 
 
+class SlurmError(Exception):
+    """A Slurm command failed (raised instead of fail_json when Slurm.raise_errors is set)."""
+
+
 class Slurm(object):
     """Runs Slurm client commands for a module, with SLURM_CONF set when given."""
 
@@ -182,6 +186,13 @@ class Slurm(object):
                 module.fail_json(msg="slurm_conf %s does not exist" % conf)
             self.env["SLURM_CONF"] = conf
         self.commands = []
+        # in a worker thread fail_json would print a result and end only that thread: raise
+        self.raise_errors = False
+
+    def require(self, *names):
+        """Resolve the commands now (fail_json from the main thread if one is missing)."""
+        for name in names:
+            self._bin(name)
 
     def _bin(self, name):
         if self.bin_dir:
@@ -195,6 +206,8 @@ class Slurm(object):
         rc, out, err = self.module.run_command(
             argv, environ_update=self.env, check_rc=False, expand_user_and_vars=False
         )
+        if check_rc and rc != 0 and self.raise_errors:
+            raise SlurmError("%s failed (rc=%s): %s" % (" ".join(argv), rc, (err or out).strip()))
         if check_rc and rc != 0:
             self.module.fail_json(
                 msg="%s failed (rc=%s): %s" % (" ".join(argv), rc, (err or out).strip()),
@@ -207,6 +220,8 @@ class Slurm(object):
         try:
             return json.loads(out)
         except ValueError as exc:
+            if self.raise_errors:
+                raise SlurmError("%s: output is not JSON (%s)" % (" ".join(argv), exc))
             self.module.fail_json(msg="%s: output is not JSON (%s)" % (" ".join(argv), exc),
                                   stdout=out[:2000], stderr=err)
 

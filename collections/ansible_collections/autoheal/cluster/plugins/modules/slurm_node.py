@@ -154,92 +154,20 @@ commands:
   type: list
 """
 
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import (
     DEFAULT_PREFIX,
     SLURM_COMMON_ARGS,
     Slurm,
-    compress_hostlist,
     validate_nodes,
     validate_text,
 )
-
-
-def summary(rec):
-    if rec is None:
-        return None
-    return dict(state=rec["state"], flags=rec["flags"], reason=rec["reason"], comment=rec["comment"])
-
-
-def owned(rec, prefix):
-    reason = rec["reason"]
-    return reason == "" or reason.startswith(prefix.rstrip())
-
-
-def held(rec):
-    return rec["drained"] or rec["down"]
-
-
-def plan(rec, state, reason, prefix, only_reason, comment):
-    """Return (action, argv-words) for one node; action in ok/change/skip."""
-    words = []
-    if held(rec) and not owned(rec, prefix):
-        return "skip", words
-    if state == "drain":
-        if not (held(rec) and rec["reason"] == reason):
-            words = ["state=drain", "reason=%s" % reason]
-    elif state == "down":
-        if not (rec["down"] and rec["reason"] == reason):
-            words = ["state=down", "reason=%s" % reason]
-    elif state == "resume":
-        if held(rec):
-            if only_reason is not None and rec["reason"] != only_reason:
-                return "skip", words
-            words = ["state=resume"]
-    if comment is not None and rec["comment"] != comment:
-        words.append("comment=%s" % comment)
-    return ("change" if words else "ok"), words
-
-
-def predict(rec, words):
-    after = dict(rec)
-    after["flags"] = list(rec["flags"])
-    for w in words:
-        key, _, value = w.partition("=")
-        if key == "state" and value == "drain":
-            if "DRAIN" not in after["flags"]:
-                after["flags"] = sorted(after["flags"] + ["DRAIN"])
-        elif key == "state" and value == "down":
-            after["state"] = "down"
-        elif key == "state" and value == "resume":
-            after["flags"] = [f for f in after["flags"] if f != "DRAIN"]
-            if after["state"] == "down":
-                after["state"] = "idle"
-            after["reason"] = ""
-        elif key == "reason":
-            after["reason"] = value
-        elif key == "comment":
-            after["comment"] = value
-    after["drained"] = "DRAIN" in after["flags"]
-    after["down"] = after["state"] == "down"
-    return after
-
-
-def satisfied(rec, state, reason, comment):
-    if rec is None:
-        return False
-    if comment is not None and rec["comment"] != comment:
-        return False
-    if state == "drain":
-        return held(rec) and rec["reason"] == reason
-    if state == "down":
-        return rec["down"] and rec["reason"] == reason
-    if state == "keep":
-        return True
-    return not held(rec)
+from ansible_collections.autoheal.cluster.plugins.module_utils.slurm_state import (
+    StateError,
+    build_reasons,
+    set_state,
+)
 
 
 def main():
@@ -265,17 +193,7 @@ def main():
     nodes = validate_nodes(module, p["nodes"])
     prefix = p["reason_prefix"]
 
-    def full_reason(text, field):
-        if text is None:
-            return None
-        if not text.startswith(prefix):
-            text = prefix + text
-        return validate_text(module, text, field)
-
-    reason = full_reason(p["reason"], "reason")
-    per_node = {}
-    for name, text in (p["reasons"] or {}).items():
-        per_node[name] = full_reason(str(text), "reasons[%s]" % name)
+    reason, per_node = build_reasons(module, prefix, p["reason"], p["reasons"])
     missing_reason = [n for n in nodes if p["state"] in ("drain", "down") and per_node.get(n, reason) is None]
     if missing_reason:
         module.fail_json(msg="no reason for: %s" % ", ".join(missing_reason))
@@ -284,67 +202,11 @@ def main():
         validate_text(module, comment, "comment")
 
     slurm = Slurm(module)
-    before = slurm.nodes(nodes)
-
-    result = dict(changed=False, changed_nodes=[], unchanged_nodes=[], skipped_nodes=[],
-                  missing_nodes=[], reason=reason or "", reasons=per_node, hostlist="", nodes_after={},
-                  commands=slurm.commands)
-    groups = {}
-    for name in nodes:
-        rec = before.get(name)
-        if rec is None:
-            result["missing_nodes"].append(name)
-            continue
-        action, words = plan(rec, p["state"], per_node.get(name, reason), prefix, p["only_reason"], comment)
-        if action == "skip":
-            result["skipped_nodes"].append(dict(node=name, state=rec["state"], flags=rec["flags"],
-                                                reason=rec["reason"]))
-            result["nodes_after"][name] = summary(rec)
-        elif action == "ok":
-            result["unchanged_nodes"].append(name)
-            result["nodes_after"][name] = summary(rec)
-        else:
-            result["changed_nodes"].append(name)
-            groups.setdefault(tuple(words), []).append(name)
-            result["nodes_after"][name] = summary(predict(rec, words))
-
-    if result["changed_nodes"]:
-        result["changed"] = True
-        result["hostlist"] = compress_hostlist(result["changed_nodes"])
-        if module._diff:
-            result["diff"] = dict(
-                before=dict((n, summary(before[n])) for n in result["changed_nodes"]),
-                after=dict((n, result["nodes_after"][n]) for n in result["changed_nodes"]),
-            )
-
-    if result["changed_nodes"] and not module.check_mode:
-        calls = [["scontrol", "update", "nodename=%s" % compress_hostlist(names)] + list(words)
-                 for words, names in groups.items()]
-        if len(calls) == 1:
-            slurm.run(calls[0])
-        else:
-            with ThreadPoolExecutor(max_workers=min(8, len(calls))) as pool:
-                outs = list(pool.map(lambda argv: (argv, slurm.run(argv, check_rc=False)), calls))
-            bad = [(argv, r) for argv, r in outs if r[0] != 0]
-            if bad:
-                module.fail_json(msg="scontrol failed: %s" % "; ".join(
-                    "%s: %s" % (argv[2], (r[2] or r[1]).strip()) for argv, r in bad), **result)
-        deadline = time.time() + p["verify_seconds"]
-        while True:
-            now = slurm.nodes(result["changed_nodes"])
-            pending = [n for n in result["changed_nodes"]
-                       if not satisfied(now.get(n), p["state"], per_node.get(n, reason), comment)]
-            if not pending or time.time() >= deadline:
-                break
-            time.sleep(0.2)
-        for n in result["changed_nodes"]:
-            result["nodes_after"][n] = summary(now.get(n))
-        if pending:
-            module.fail_json(msg="Slurm did not reach state %s on: %s" % (p["state"], ", ".join(pending)),
-                             **result)
-
-    if result["missing_nodes"] and not p["allow_missing"]:
-        module.fail_json(msg="unknown to Slurm: %s" % ", ".join(result["missing_nodes"]), **result)
+    try:
+        result = set_state(module, slurm, nodes, p["state"], reason, per_node, prefix, p["only_reason"],
+                           comment, p["allow_missing"], p["verify_seconds"])
+    except StateError as exc:
+        module.fail_json(msg=exc.msg, **exc.result)
     module.exit_json(**result)
 
 

@@ -227,6 +227,53 @@ def test_k8s_nodes_quarantine_is_idempotent_and_leaves_an_admin_cordon(kube_lab)
 
 
 @pytest.mark.kube
+def test_fence_drains_and_quarantines_in_one_task_then_changes_nothing(kube_lab):
+    lab = kube_lab
+    lab.slurm("scontrol", "update", "nodename=gpu-2", "state=drain", "reason=bad dimm")  # an admin's drain
+    args = {
+        "nodes": ["gpu-1", "gpu-2"],
+        "reasons": {"gpu-1": "XID 79 gpu3 inc-f1", "gpu-2": "XID 79 gpu0 inc-f2"},
+        "incident_ids": ["inc-f1", "inc-f2"],
+        "tier": "replace",
+        "kubeconfig": str(lab.kubeconfig),
+        **conf(lab),
+    }
+    try:
+        dry = run_module("fence", args, check=True)
+        assert dry["changed"] and "DRAIN" not in lab.node("gpu-1")["state_flags"]
+        assert not lab.kube_node("gpu-1")["spec"].get("unschedulable")
+        res = run_module("fence", args)
+        assert res["slurm"]["changed_nodes"] == ["gpu-1"]
+        assert [s["node"] for s in res["slurm"]["skipped_nodes"]] == ["gpu-2"]
+        assert sorted(res["kube"]["changed_nodes"]) == ["gpu-1", "gpu-2"]
+        assert lab.node("gpu-1")["reason"] == "autoheal: XID 79 gpu3 inc-f1"
+        assert lab.node("gpu-2")["reason"] == "bad dimm"  # never overridden
+        n1 = lab.kube_node("gpu-1")
+        assert n1["spec"]["unschedulable"] is True
+        assert {"key": "autoheal.io/quarantine", "value": "replace", "effect": "NoSchedule"} in n1["spec"][
+            "taints"
+        ]
+        assert n1["metadata"]["annotations"]["autoheal.io/incident"] == "inc-f1"
+        assert n1["metadata"]["labels"]["autoheal.io/state"] == "quarantined"
+        again = run_module("fence", args)
+        assert not again["changed"], again
+    finally:
+        reset(lab, "gpu-1", "gpu-2")
+        lab.kubectl("uncordon", "gpu-1", "gpu-2", check=False)
+        lab.kubectl("taint", "nodes", "gpu-1", "gpu-2", "autoheal.io/quarantine-", check=False)
+        lab.kubectl("label", "nodes", "gpu-1", "gpu-2", "autoheal.io/state-", check=False)
+        lab.kubectl(
+            "annotate",
+            "nodes",
+            "gpu-1",
+            "gpu-2",
+            "autoheal.io/incident-",
+            "autoheal.io/cordoned-by-",
+            check=False,
+        )
+
+
+@pytest.mark.kube
 def test_k8s_nodes_info_reports_opt_out_from_a_pod_label(kube_lab):
     lab = kube_lab
     pod = {

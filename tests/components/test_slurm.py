@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from autoheal.slurmconf import SPARE_REASON
+from autoheal.slurmconf import SPARE_REASON, range_names
 from components.nodepool import GpuNodePool, GpuNodePoolArgs
 from components.slurm import STATE_DIR, SlurmCluster, SlurmClusterArgs, SlurmImages
 from tests.components.harness import Recorded, pod_spec, run_program
@@ -18,10 +18,12 @@ def _conf(lab: Recorded, key: str) -> str:
 
 
 def _node_lines(conf: str) -> dict[str, str]:
+    """Node name -> the NodeName line whose hostlist run covers it."""
     return {
-        line.split()[0].removeprefix("NodeName="): line
+        node: line
         for line in conf.splitlines()
         if line.startswith("NodeName=")
+        for node in range_names(line.split()[0].removeprefix("NodeName="))
     }
 
 
@@ -45,13 +47,13 @@ def test_controller_address_and_state_location(lab):
     conf = _conf(lab, "slurm.conf")
     assert "SlurmctldHost=slurmctld-0(slurmctld-0.slurmctld.slurm.svc.cluster.local)" in conf
     assert f"StateSaveLocation={STATE_DIR}" in conf
-    assert "PartitionName=h100 Nodes=gpu-1," in conf
+    assert "PartitionName=h100 Nodes=gpu-[1-12] " in conf
     assert "TopologyPlugin=topology/tree" in conf
 
 
 def test_gres_and_topology_conf_per_pool(lab):
     gres = _conf(lab, "gres.conf").splitlines()
-    assert "NodeName=gpu-5 Name=gpu Type=h100 File=/dev/nvidia[0-7]" in gres
+    assert "NodeName=gpu-[1-12] Name=gpu Type=h100 File=/dev/nvidia[0-7]" in gres
     topo = _conf(lab, "topology.conf")
     assert "SwitchName=h100 Nodes=gpu-1,gpu-2," in topo
     assert "SwitchName=root Switches=h100" in topo
@@ -178,7 +180,7 @@ def test_each_pool_gets_its_own_slurmd_set_and_partition():
     a100 = pod_spec(rec.one("kubernetes:apps/v1:DaemonSet", "slurmd-a100"))["containers"][0]
     assert a100["resources"]["limits"] == {"nvidia.com/gpu": "4"}
     conf = rec.one("kubernetes:core/v1:ConfigMap", "slurm-config").inputs["data"]["slurm.conf"]
-    assert "PartitionName=a100 Nodes=a-1,a-2 " in conf
+    assert "PartitionName=a100 Nodes=a-[1-2] " in conf
     assert "NodeName=a-2 CPUs=2 RealMemory=1000 Gres=gpu:a100:4 Feature=pool_a100 State=DRAIN" in conf
 
 

@@ -142,7 +142,7 @@ def test_up_creates_the_stack_in_the_cluster(pulumi: Run, api: Any) -> None:
     pool = json.loads(core.read_namespaced_config_map("autoheal-pool-h100", "autoheal").data["pool.json"])
     assert (pool["size"], pool["spares"]) == (4, 2)
     conf = core.read_namespaced_config_map("slurm-config", "slurm").data["slurm.conf"]
-    assert "NodeName=gpu-5 CPUs=2 RealMemory=1000 Gres=gpu:h100:8 Feature=pool_h100 State=DRAIN" in conf
+    assert "NodeName=gpu-[5-6] CPUs=2 RealMemory=1000 Gres=gpu:h100:8 Feature=pool_h100 State=DRAIN" in conf
     role: Any = RbacAuthorizationV1Api(api).read_cluster_role("autoheal-runner")
     assert sorted((r.resources[0], tuple(r.verbs)) for r in role.rules) == [
         ("events", ("create",)),
@@ -219,7 +219,7 @@ def test_adding_a_pool_adds_exactly_that_pools_resources(
     assert ("update", "kubernetes:core/v1:ConfigMap", "slurm-config") in others
     pulumi("up", "--yes", "--skip-preview")
     conf = _core(kube.api_client(cp.kubeconfig)).read_namespaced_config_map("slurm-config", "slurm")
-    assert "PartitionName=a100 Nodes=a-1,a-2 " in conf.data["slurm.conf"]
+    assert "PartitionName=a100 Nodes=a-[1-2] " in conf.data["slurm.conf"]
 
 
 def test_destroy_removes_everything(pulumi: Run, api: Any) -> None:

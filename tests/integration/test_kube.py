@@ -258,8 +258,8 @@ def processes_mentioning(text: str) -> list[int]:
 def test_a_service_failing_at_start_is_named_and_nothing_is_left_running(tmp_path, monkeypatch):
     real_argv = kube._argv
 
-    def broken_controller_manager(run_dir, ports):
-        argv = real_argv(run_dir, ports)
+    def broken_controller_manager(run_dir, ports, *rest):
+        argv = real_argv(run_dir, ports, *rest)
         argv["kube-controller-manager"].append("--no-such-flag")
         return argv
 

@@ -49,9 +49,11 @@ class Conn(object):
     """What a request needs: server URL, CA, client certificate, bearer token."""
 
     def __init__(self, host, ca_file=None, ca_data=None, verify=True, cert_file=None, key_file=None,
-                 cert_data=None, key_data=None, token=None):
+                 cert_data=None, key_data=None, token=None, authorization=None):
         self.host = host.rstrip("/")
         self.token = token
+        # the Authorization header: a bearer token, or a value the kubernetes loader built whole
+        self.authorization = authorization or ("Bearer %s" % token if token else None)
         ctx = ssl.create_default_context(cafile=ca_file, cadata=ca_data)
         if not verify:
             ctx.check_hostname = False
@@ -138,11 +140,8 @@ def library_conn(kubeconfig, context):
     prefix = (cfg.api_key_prefix or {}).get("authorization")
     if token and prefix:
         token = "%s %s" % (prefix, token)
-    conn = Conn(cfg.host, ca_file=cfg.ssl_ca_cert, verify=cfg.verify_ssl, cert_file=cfg.cert_file,
-                key_file=cfg.key_file)
-    conn.token = token
-    conn.raw_authorization = True
-    return conn
+    return Conn(cfg.host, ca_file=cfg.ssl_ca_cert, verify=cfg.verify_ssl, cert_file=cfg.cert_file,
+                key_file=cfg.key_file, authorization=token)
 
 
 def load_conn(kubeconfig=None, context=None):
@@ -170,9 +169,8 @@ class Kube(object):
             module.fail_json(msg="cannot load Kubernetes configuration: %s" % exc)
         self.host = conn.host
         self.headers = {"Accept": "application/json"}
-        if conn.token:
-            raw = getattr(conn, "raw_authorization", False)
-            self.headers["Authorization"] = conn.token if raw else "Bearer %s" % conn.token
+        if conn.authorization:
+            self.headers["Authorization"] = conn.authorization
         self.ctx = conn.ctx
         url = urlsplit(self.host)
         self.scheme, self.netloc, self.base = url.scheme, url.netloc, url.path.rstrip("/")

@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from autoheal.lab import lab as labmod
-from autoheal.lab.config import LabConfig, PoolConfig
-from autoheal.lab.sink import WebhookSink
+from lab import lab as labmod
+from lab.config import LabConfig, PoolConfig
+from lab.sink import WebhookSink
 
 
 def pct(xs: list[float], p: float) -> float:

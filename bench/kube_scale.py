@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autoheal.lab import kube
+from lab import kube
 
 
 def rss_mib(pid: int) -> float:

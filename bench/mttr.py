@@ -1,7 +1,7 @@
 """Mean time to repair, per phase: N demo trials (a GPU dies under a training job) on one lab.
 
 Brings up one lab (Slurm, Kubernetes with KWOK nodes, Prometheus, Alertmanager, simulator, pool
-controller, runner), runs `autoheal.lab.demo.trial` N times (XID 79 injected in the simulator, so
+controller, runner), runs `lab.demo.trial` N times (XID 79 injected in the simulator, so
 the whole Prometheus -> Alertmanager -> runner -> runbook path is measured), waits between trials
 until the pool has backfilled its spares, and prints p50 / p99 / max of each phase (seconds after
 the fault) beside the targets:
@@ -30,9 +30,9 @@ from typing import Any
 
 from rich.console import Console
 
-from autoheal.lab import demo, pool, runner, slurm
-from autoheal.lab import lab as labmod
-from autoheal.lab.config import LabConfig, PoolConfig
+from lab import demo, pool, runner, slurm
+from lab import lab as labmod
+from lab.config import LabConfig, PoolConfig
 from autoheal.slurmconf import SPARE_REASON
 
 ANCHOR_HEALTHY_S = 5 * 60

@@ -13,7 +13,7 @@ node (one alert posted to the lab's Alertmanager). Measured:
 
 Target: the net API calls per incident on the large cluster stay <= 1.2x the small one (the
 runbook reads and patches the nodes it handles, never the whole fleet per node). The lab's port
-block holds at most 2,600 nodes (autoheal.lab.config.MAX_NODES): a larger size is cut to that.
+block holds at most 2,600 nodes (lab.config.MAX_NODES): a larger size is cut to that.
 
     .venv/bin/python bench/scale.py [--sizes 50,2000] [--port-base 29000] [--timeout 300]
 """
@@ -32,9 +32,9 @@ from typing import Any
 
 import httpx
 
-from autoheal.lab import kube, runner
-from autoheal.lab import lab as labmod
-from autoheal.lab.config import MAX_NODES, LabConfig, PoolConfig
+from lab import kube, runner
+from lab import lab as labmod
+from lab.config import MAX_NODES, LabConfig, PoolConfig
 from remediation.journal import Journal
 
 RATIO_TARGET = 1.2

@@ -13,7 +13,7 @@ Part 2, safety: the runner is restarted with a fresh journal and the default bud
 remediation/config.py; `--budget-storm` other nodes fail at once. Proved from outside: no more nodes
 than the budget were drained or cordoned, and the circuit breaker tripped (latched in the journal).
 
-The lab's port block holds at most 2,600 nodes (autoheal.lab.config.MAX_NODES): a larger `--nodes`
+The lab's port block holds at most 2,600 nodes (lab.config.MAX_NODES): a larger `--nodes`
 is cut to that and said so. The runner's own defaults (max_batch 100, 4 run slots, fence first with
 2 fence slots) apply unless overridden.
 
@@ -35,9 +35,9 @@ from typing import Any
 
 import httpx
 
-from autoheal.lab import kube, procs, runner, slurm
-from autoheal.lab import lab as labmod
-from autoheal.lab.config import MAX_NODES, LabConfig, PoolConfig
+from lab import kube, procs, runner, slurm
+from lab import lab as labmod
+from lab.config import MAX_NODES, LabConfig, PoolConfig
 from autoheal.slurmconf import SPARE_REASON
 from remediation.config import Budgets
 from remediation.journal import Journal
@@ -193,7 +193,7 @@ def main() -> None:
     if nodes > MAX_NODES:
         print(
             f"NOTE: {a.nodes} nodes asked, the lab's port block holds {MAX_NODES} "
-            f"(autoheal.lab.config.MAX_NODES): running with {MAX_NODES}"
+            f"(lab.config.MAX_NODES): running with {MAX_NODES}"
         )
         nodes = MAX_NODES
     root = a.root or Path(tempfile.mkdtemp(prefix="autoheal-storm-"))

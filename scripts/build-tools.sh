@@ -41,6 +41,13 @@ GO_PROCS=${AUTOHEAL_GO_PROCS:-2}
 
 say() { printf '\033[1m[build-tools]\033[0m %s\n' "$*" >&2; }
 
+# moddir MODULE: the directory of MODULE (at the version the current wrapper's go.mod pins),
+# downloading it first. `go list -m -f {{.Dir}}` alone prints "" for a module that is not in the
+# module cache yet, which only showed on a fresh machine.
+moddir() {
+  go mod download -json "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])'
+}
+
 if [[ ${1:-} == --print-path ]]; then
   echo "$BIN"
   exit 0
@@ -154,7 +161,7 @@ build_kwok() {
   ld+=" -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${K8S_VERSION#v}"
   go build -p "$GO_PROCS" -ldflags="$ld" -o "$OUT/" sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
   "$OUT/kwok" --version
-  # The stage configs the lab applies live in autoheal/lab/kwok-stages (copied from this module).
+  # The stage configs the lab applies live in lab/kwok-stages (copied from this module).
 }
 
 build_pulumi() {
@@ -167,7 +174,7 @@ build_pulumi() {
     ./cmd/pulumi-language-python
   # The executor scripts ship in the sdk/v3 module; module zips drop file modes.
   local sdk
-  sdk=$(go list -m -f '{{.Dir}}' github.com/pulumi/pulumi/sdk/v3)
+  sdk=$(moddir github.com/pulumi/pulumi/sdk/v3)
   install -m 755 "$sdk/python/cmd/pulumi-language-python-exec" "$OUT/"
   install -m 755 "$sdk/python/dist/pulumi-resource-pulumi-python" "$OUT/"
   "$OUT/pulumi" version
@@ -180,7 +187,7 @@ build_pulumi_kubernetes() {
   mkdir -p "$work"
   cp "$SRC"/go.mod "$SRC"/go.sum "$SRC"/main.go "$work/"
   cd "$work"
-  mod=$(go list -m -f '{{.Dir}}' github.com/pulumi/pulumi-kubernetes/provider/v4)
+  mod=$(moddir github.com/pulumi/pulumi-kubernetes/provider/v4)
   python3 - "$mod/cmd/pulumi-resource-kubernetes" "$PULUMI_K8S_VERSION" <<'PY'
 import json, sys
 src, version = sys.argv[1], sys.argv[2]

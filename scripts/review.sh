@@ -59,7 +59,7 @@ else
   eval "$("$PY" - "$STATE" <<'PY'
 import shlex, sys
 from pathlib import Path
-from autoheal.lab.pulumi_env import pulumi_env
+from lab.pulumi_env import pulumi_env
 env = pulumi_env(Path(sys.argv[1]))
 for k in ("PATH", "PULUMI_BACKEND_URL", "PULUMI_HOME", "PULUMI_CONFIG_PASSPHRASE",
           "PULUMI_SKIP_UPDATE_CHECK", "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION",

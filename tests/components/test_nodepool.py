@@ -99,7 +99,7 @@ def test_invalid_pool_arguments_are_rejected(bad):
 
 
 def test_spare_marking_and_pool_label_agree_with_the_lab_pool_controller(lab):
-    from autoheal.lab import pool as lab_pool
+    from lab import pool as lab_pool
 
     pool = _pool(lab)
     assert pool["spare"]["taint"] == lab_pool.SPARE_TAINT

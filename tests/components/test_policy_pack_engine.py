@@ -20,13 +20,14 @@ from typing import Any
 import pytest
 import yaml
 
-from autoheal.lab import kube
-from autoheal.lab.pulumi_env import pulumi_bin, pulumi_env
+from lab import kube
+from lab.pulumi_env import pulumi_bin, pulumi_env
 from tests.components.harness import ROOT
+from tests.support import port_base
 
 pytestmark = [pytest.mark.kube, pytest.mark.pulumi]
 
-PORT_BASE = 25840
+PORT_BASE = port_base(25840)
 STACK = "lab"
 POLICY = ROOT / "policy"
 POOL_RULE = "gpu-pool-spares-and-remediation"

@@ -22,13 +22,14 @@ from typing import Any
 import pytest
 import yaml
 
-from autoheal.lab import kube
-from autoheal.lab.pulumi_env import pulumi_bin, pulumi_env
+from lab import kube
+from lab.pulumi_env import pulumi_bin, pulumi_env
 from tests.components.harness import ROOT
+from tests.support import port_base
 
 pytestmark = [pytest.mark.kube, pytest.mark.pulumi]
 
-PORT_BASE = 27400
+PORT_BASE = port_base(27400)
 STACK = "itest"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 SPARE_TAINT = {"key": "autoheal.io/spare", "value": "true", "effect": "NoSchedule"}

@@ -1,7 +1,7 @@
 """The demo, short: a GPU dies during training and the job resumes by itself, end to end.
 
 A lab of its own (tmp root, port base 25500, Kubernetes + runner, grace 30 s, provision delay 1 s),
-one `autoheal.lab.demo.trial`, then checks that the story really happened, in Slurm, in Kubernetes,
+one `lab.demo.trial`, then checks that the story really happened, in Slurm, in Kubernetes,
 in the runner's journal and in the job's own progress, and that the report was written. While the
 trial runs, a watcher thread records how the faulty node looked in Kubernetes: the runbook retires
 it at the end (the pool deletes the Node object), so the quarantine can only be seen on the way.
@@ -19,12 +19,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from autoheal.lab import demo, runner, slurm
-from autoheal.lab import lab as labmod
-from autoheal.lab.config import LabConfig, PoolConfig
+from lab import demo, runner, slurm
+from lab import lab as labmod
+from lab.config import LabConfig, PoolConfig
 from autoheal.slurmconf import SPARE_REASON
+from tests.support import port_base
 
-PORT_BASE = 25500
+PORT_BASE = port_base(25500)
 QUARANTINE_TAINT = "autoheal.io/quarantine"
 STATE_LABEL = "autoheal.io/state"
 
@@ -42,7 +43,7 @@ class NodeWatch(threading.Thread):
         self.errors: list[str] = []
 
     def run(self) -> None:
-        from autoheal.lab import kube
+        from lab import kube
 
         with kube.http_client(self.cfg.kubeconfig, pool=2, timeout=5) as http:
             while not self.stop_event.is_set():

@@ -16,23 +16,17 @@ from typing import Any
 
 import pytest
 
-from autoheal.lab import kube
+from lab import kube
+from tests.support import wait_for
+from tests.support import port_base
 
 pytestmark = pytest.mark.kube
 
-PORT_BASE = 27200
+PORT_BASE = port_base(27200)
 GPU_NODES = [f"gpu-{i:02d}" for i in range(4)]
 TAINTED = "gpu-tainted"
 
 
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

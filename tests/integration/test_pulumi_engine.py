@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from autoheal.lab import kube
-from autoheal.lab.pulumi_env import pulumi_bin, pulumi_env
+from lab import kube
+from lab.pulumi_env import pulumi_bin, pulumi_env
+from tests.support import port_base
 
 pytestmark = [pytest.mark.kube, pytest.mark.pulumi]
 
-PORT_BASE = 27300
+PORT_BASE = port_base(27300)
 NAMESPACE = "autoheal-pulumi-itest"
 
 PROGRAM = textwrap.dedent(

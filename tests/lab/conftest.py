@@ -8,11 +8,13 @@ import time
 
 import pytest
 
-from autoheal.lab import lab as labmod
-from autoheal.lab.config import LabConfig, PoolConfig
-from autoheal.lab.sink import WebhookSink
+from lab import lab as labmod
+from lab.config import LabConfig, PoolConfig
+from lab.sink import WebhookSink
+from tests.support import wait_for
+from tests.support import port_base
 
-PORT_BASE = 27000
+PORT_BASE = port_base(27000)
 
 
 @pytest.fixture(scope="session")
@@ -56,11 +58,3 @@ def slurm(lab):
     return run
 
 
-def wait_for(pred, timeout, what, interval=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

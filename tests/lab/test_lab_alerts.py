@@ -5,7 +5,7 @@ import time
 import httpx
 import pytest
 
-from autoheal.lab import lab as labmod
+from lab import lab as labmod
 
 pytestmark = pytest.mark.lab
 

@@ -5,9 +5,9 @@ import socket
 import pytest
 
 from autoheal.errors import LabError
-from autoheal.lab import lab as labmod
-from autoheal.lab import procs
-from autoheal.lab.config import LabConfig, PoolConfig
+from lab import lab as labmod
+from lab import procs
+from lab.config import LabConfig, PoolConfig
 
 pytestmark = pytest.mark.lab
 
@@ -72,7 +72,7 @@ def test_port_in_use_fails_clearly_and_tears_down_what_started(tmp_path):
 
 def test_daemon_dying_at_start_names_service_and_log(tmp_path, monkeypatch):
     cfg = small(tmp_path, "dies", 27450)
-    monkeypatch.setattr("autoheal.lab.prom.ALERTMANAGER", "false")  # exits 1 at once
+    monkeypatch.setattr("lab.prom.ALERTMANAGER", "false")  # exits 1 at once
     with pytest.raises(LabError, match=r"alertmanager: exited during start; see .*alertmanager\.log"):
         labmod.up(cfg)
     assert procs.running(cfg.run_dir) == {}

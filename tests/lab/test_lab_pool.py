@@ -5,7 +5,7 @@ import json
 import pytest
 
 from autoheal.errors import LabError
-from autoheal.lab import pool, procs
+from lab import pool, procs
 from tests.lab.conftest import wait_for
 
 pytestmark = pytest.mark.lab

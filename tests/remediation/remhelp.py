@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from remediation.config import RunnerConfig, parse_config
+from tests.support import wait_for
 
 HERE = Path(__file__).parent
 PLAYBOOKS = HERE / "playbooks"
@@ -121,14 +122,6 @@ def payload(*alerts: dict[str, Any], status: str | None = None) -> dict[str, Any
     return base
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def effect_lines(path: Path) -> list[str]:

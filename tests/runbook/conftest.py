@@ -25,6 +25,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from tests.support import wait_for
+from tests.support import port_base
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE_UTILS = REPO / "collections/ansible_collections/autoheal/cluster/plugins/module_utils"
@@ -43,7 +45,7 @@ def module_utils(name: str) -> ModuleType:
 VENV_BIN = Path(sys.executable).parent
 AUTOHEAL = str(VENV_BIN / "autoheal")
 LAB_NAME = "runbook"
-PORT_BASE = 25000
+PORT_BASE = port_base(25000)
 SINK_PORT = PORT_BASE + 60
 KUBECTL_CANDIDATES = [Path.home() / ".cache/autoheal/bin/kubectl"]
 GRACE = 20  # Slurm KillWait of the test lab; the runbook's own grace is given per test
@@ -197,14 +199,6 @@ def run_module(module: str, args: dict[str, Any], *, check: bool = False) -> dic
     return data
 
 
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _lab_cmd(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,7 @@
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from autoheal.lab.simulator import Fleet
+from lab.simulator import Fleet
 
 
 def samples(fleet, metric):

@@ -15,15 +15,16 @@ from pathlib import Path
 import yaml
 
 from autoheal.errors import LabError
-from autoheal.lab.config import LabConfig
+from autoheal.paths import data_root
+from lab.config import LabConfig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = data_root()
 STACK = "lab"
 
 
 def available() -> bool:
     try:
-        from autoheal.lab.pulumi_env import pulumi_bin, pulumi_env  # noqa: F401
+        from lab.pulumi_env import pulumi_bin, pulumi_env  # noqa: F401
 
         pulumi_bin()
     except Exception:
@@ -54,7 +55,7 @@ def _config_file(cfg: LabConfig) -> Path:
 
 
 def _run(cfg: LabConfig, *args: str, timeout: float = 600) -> str:
-    from autoheal.lab.pulumi_env import pulumi_bin, pulumi_env
+    from lab.pulumi_env import pulumi_bin, pulumi_env
 
     env = pulumi_env(cfg.run_dir / "pulumi")
     argv = [str(pulumi_bin()), *args, "--stack", STACK, "--non-interactive"]
@@ -69,7 +70,7 @@ def _run(cfg: LabConfig, *args: str, timeout: float = 600) -> str:
 
 
 def _ensure_stack(cfg: LabConfig) -> Path:
-    from autoheal.lab.pulumi_env import pulumi_bin, pulumi_env
+    from lab.pulumi_env import pulumi_bin, pulumi_env
 
     conf = _config_file(cfg)
     env = pulumi_env(cfg.run_dir / "pulumi")

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 
 from autoheal.errors import LabError
-from autoheal.lab import pool, procs, prom, slurm
-from autoheal.lab.config import LabConfig, load_lab
+from lab import pool, procs, prom, slurm
+from lab.config import LabConfig, load_lab
 
 Progress = Callable[[str], None]
 
@@ -100,7 +100,7 @@ def runner_available() -> bool:
 
 def kube_available() -> bool:
     try:
-        from autoheal.lab import kube
+        from lab import kube
     except ImportError:
         return False
     try:
@@ -175,7 +175,7 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
     pool.start(cfg)
     if cfg.runner and runner_available():
         _step(progress, "remediation runner")
-        from autoheal.lab import runner
+        from lab import runner
 
         runner.start(cfg)
 
@@ -190,7 +190,7 @@ def start_simulator(cfg: LabConfig) -> None:
         [
             sys.executable,
             "-m",
-            "autoheal.lab.simulator",
+            "lab.simulator",
             f"--port={port}",
             f"--gpus={gpus}",
             f"--nodes={json.dumps(node_models(cfg))}",
@@ -207,7 +207,7 @@ def start_simulator(cfg: LabConfig) -> None:
 
 
 def start_kube(cfg: LabConfig) -> None:
-    from autoheal.lab import kube
+    from lab import kube
 
     specs = []
     for p in cfg.pools:
@@ -227,7 +227,7 @@ def down(cfg: LabConfig) -> list[str]:
     """Stop every process of the lab (by its PID files). Returns the names stopped."""
     if kube_available() or (cfg.run_dir / "kubeconfig").exists():
         try:
-            from autoheal.lab import kube
+            from lab import kube
 
             kube.stop_control_plane(cfg.run_dir)
         except ImportError:
@@ -281,7 +281,7 @@ def status(cfg: LabConfig) -> LabStatus:
     )
     if (cfg.run_dir / "kubeconfig").exists():
         try:
-            from autoheal.lab import kube
+            from lab import kube
 
             for name, ok in kube.control_plane_status(cfg.run_dir).items():
                 st.services.append(ServiceStatus(name, ok, "ok" if ok else "unhealthy"))

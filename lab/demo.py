@@ -26,11 +26,12 @@ from rich.table import Table
 from rich.text import Text
 
 from autoheal.errors import LabError
-from autoheal.lab import lab as labmod
-from autoheal.lab import runner, slurm
-from autoheal.lab.config import LabConfig
+from autoheal.paths import data_root
+from lab import lab as labmod
+from lab import runner, slurm
+from lab.config import LabConfig
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = data_root() / "examples"
 DEMO_GPU, DEMO_XID = 3, 79
 
 # (key, label, source): the phases of one incident in the order DESIGN.md tells them
@@ -158,7 +159,7 @@ class Watch:
         return self.resumed_ok
 
     def _pool(self) -> None:
-        from autoheal.lab import pool
+        from lab import pool
 
         events = pool.client_status(self.cfg)["events"]
         retired = [e for e in events if e["event"] == "retired" and e["node"] == self.node]
@@ -238,7 +239,7 @@ def run_demo(
 def _pulumi_up(cfg: LabConfig, console: Console) -> float | None:
     """`pulumi up` of the lab stack (pools, Slurm, monitoring, runner objects) when the engine is built."""
     try:
-        from autoheal.lab import stack
+        from lab import stack
     except ImportError:
         return None
     if not stack.available():

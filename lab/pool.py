@@ -6,7 +6,7 @@ spare label and taint, a slurmd for a FUTURE Slurm node drained as a hot spare, 
 GPUs. Because Pulumi only declares the pool, `pulumi preview` shows no change after any number of
 replacements, and nothing ever resurrects a retired node (names are never reused).
 
-Runs as one process per lab (`python -m autoheal.lab.pool`) with a small JSON API on loopback:
+Runs as one process per lab (`python -m lab.pool`) with a small JSON API on loopback:
 GET /v1/pools, POST /v1/retire {"node": ...}. State lives in <run_dir>/pool/state.json.
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 
 from autoheal.errors import LabError
-from autoheal.lab import procs, slurm
-from autoheal.lab.config import LabConfig, PoolConfig, load_lab
+from lab import procs, slurm
+from lab.config import LabConfig, PoolConfig, load_lab
 from autoheal.names import is_node_name
 from autoheal.slurmconf import SPARE_REASON
 
@@ -132,7 +132,7 @@ class PoolController:
             self._save()
         procs.stop(self.cfg.run_dir, slurm.slurmd_name(node))
         if self.cfg.kubeconfig.exists():
-            from autoheal.lab import kube
+            from lab import kube
 
             kube.delete_node(self.cfg.kubeconfig, node)
         # the simulator gets the whole fleet in one PUT: a storm's retirements share one, next loop
@@ -167,7 +167,7 @@ class PoolController:
         slurm.run(self.cfg, drain)
         slurm.start_slurmd(self.cfg, [node])
         if self.cfg.kubeconfig.exists():
-            from autoheal.lab import kube
+            from lab import kube
 
             spec = kube.KubeNodeSpec(node, node_labels(pool, True), node_taints(True), pool.gpus_per_node)
             kube.add_nodes(self.cfg.kubeconfig, [spec], timeout=60)
@@ -249,7 +249,7 @@ def start(cfg: LabConfig) -> None:
         raise LabError(f"pool-controller: port {port} is in use; choose another --port-base")
     proc = procs.spawn(
         "pool-controller",
-        [sys.executable, "-m", "autoheal.lab.pool", f"--root={cfg.root}", f"--name={cfg.name}"],
+        [sys.executable, "-m", "lab.pool", f"--root={cfg.root}", f"--name={cfg.name}"],
         cfg.run_dir,
     )
     procs.wait_until(

@@ -15,10 +15,11 @@ import httpx
 import yaml
 
 from autoheal.errors import LabError
-from autoheal.lab import procs
-from autoheal.lab.config import LabConfig
+from autoheal.paths import data_root
+from lab import procs
+from lab.config import LabConfig
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = data_root()
 
 
 def runner_dir(cfg: LabConfig) -> Path:

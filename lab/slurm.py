@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from autoheal.errors import LabError
-from autoheal.lab import procs
-from autoheal.lab.config import LabConfig
+from lab import procs
+from lab.config import LabConfig
 from autoheal.slurmconf import render_gres_conf, render_slurm_conf
 
 REQUIRED = {

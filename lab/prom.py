@@ -12,8 +12,8 @@ import httpx
 import yaml
 
 from autoheal.errors import LabError
-from autoheal.lab import procs
-from autoheal.lab.config import LabConfig
+from lab import procs
+from lab.config import LabConfig
 from autoheal.monitoring import (
     render_alertmanager_config,
     render_prometheus_config,

@@ -1,0 +1,228 @@
+"""`autoheal lab ...`: the local lab's commands, registered into the root CLI by entry point.
+
+The lab sits above the runner and the components (it starts both), so the core CLI never imports
+it; `autoheal.cli` finds this module through the `autoheal.cli` entry-point group.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from autoheal.cli import JsonOpt
+from lab import lab as labmod
+from lab.config import LabConfig, PoolConfig
+
+console = Console(stderr=True)
+out = Console()
+
+NameOpt = Annotated[str, typer.Option("--name", help="Lab name (its run dir is <root>/<name>).")]
+RootOpt = Annotated[
+    Path | None,
+    typer.Option("--root", help="Directory holding labs [env AUTOHEAL_LAB_ROOT, .lab]."),
+]
+
+
+def _progress(msg: str) -> None:
+    console.print(f"[dim]lab[/dim] {msg}")
+
+
+lab_app = typer.Typer(
+    help="The local lab: real Slurm, Prometheus, Alertmanager, Kubernetes.", no_args_is_help=True
+)
+
+@lab_app.command("up")
+def lab_up(
+    name: NameOpt = "default",
+    root: RootOpt = None,
+    port_base: Annotated[int, typer.Option(help="First of the lab's loopback ports.")] = 21000,
+    nodes: Annotated[int, typer.Option(help="Active GPU nodes in the pool.")] = 4,
+    spares: Annotated[int, typer.Option(help="Hot spare nodes.")] = 2,
+    headroom: Annotated[int, typer.Option(help="FUTURE nodes replacements can use.")] = 6,
+    gpus: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
+    webhook_url: Annotated[
+        str | None, typer.Option(help="Where Alertmanager posts (default: the lab's runner).")
+    ] = None,
+    kube: Annotated[bool, typer.Option(help="Start the Kubernetes control plane if built.")] = True,
+    runner: Annotated[bool, typer.Option(help="Start the remediation runner.")] = True,
+    grace: Annotated[int, typer.Option(help="Job grace period in seconds (Slurm KillWait).")] = 120,
+    provision_delay: Annotated[
+        float, typer.Option(help="Seconds the pool controller takes to bring a replacement.")
+    ] = 5.0,
+) -> None:
+    """Start the lab (idempotent: a running lab is left as it is)."""
+    kw: dict[str, object] = {}
+    if root is not None:
+        kw["root"] = root
+    cfg = LabConfig(
+        name=name,
+        port_base=port_base,
+        pools=[PoolConfig(size=nodes, spares=spares, headroom=headroom, gpus_per_node=gpus)],
+        webhook_url=webhook_url,
+        kube=kube,
+        runner=runner,
+        grace_seconds=grace,
+        provision_delay=provision_delay,
+        **kw,  # type: ignore[arg-type]
+    )
+    cfg = labmod.up(cfg, _progress)
+    _print_status(labmod.status(cfg), False)
+
+
+@lab_app.command("status")
+def lab_status(name: NameOpt = "default", root: RootOpt = None, json_: JsonOpt = False) -> None:
+    """Show every lab service and whether it is healthy (exit 1 if not)."""
+    st = labmod.status(labmod.require(name, root))
+    _print_status(st, json_)
+    raise typer.Exit(0 if st.healthy else 1)
+
+
+def _print_status(st: labmod.LabStatus, as_json: bool) -> None:
+    if as_json:
+        out.print_json(json.dumps(st.as_dict()))
+        return
+    t = Table(title=f"lab {st.name}: {'healthy' if st.healthy else 'NOT healthy'}")
+    t.add_column("service")
+    t.add_column("state")
+    t.add_column("detail")
+    for s in st.services:
+        t.add_row(s.name, "[green]ok[/green]" if s.healthy else "[red]down[/red]", s.detail)
+    out.print(t)
+
+
+@lab_app.command("down")
+def lab_down(name: NameOpt = "default", root: RootOpt = None) -> None:
+    """Stop every process of the lab by PID (a no-op when nothing runs)."""
+    from lab.config import load_lab
+
+    cfg = load_lab(name, root)
+    if cfg is None:
+        console.print(f"lab {name!r}: nothing to stop")
+        return
+    stopped = labmod.down(cfg)
+    console.print(f"lab {name!r}: stopped {len(stopped)} processes")
+
+
+@lab_app.command("logs")
+def lab_logs(
+    name: NameOpt = "default",
+    root: RootOpt = None,
+    service: Annotated[str | None, typer.Argument(help="Service whose log tail to print.")] = None,
+    lines: int = 40,
+) -> None:
+    """List the lab's log files, or print the tail of one."""
+    files = labmod.logs(labmod.require(name, root))
+    if service is None:
+        for svc, path in files.items():
+            out.print(f"{svc:30} {path}")
+        return
+    if service not in files:
+        raise AutohealError(f"no log for {service!r}; known: {', '.join(files)}")
+    text = files[service].read_text(errors="replace").splitlines()
+    out.print("\n".join(text[-lines:]), markup=False, highlight=False)
+
+
+@lab_app.command("inject")
+def lab_inject(
+    node: Annotated[str, typer.Option(help="Node name, e.g. gpu-2.")],
+    name: NameOpt = "default",
+    root: RootOpt = None,
+    gpu: Annotated[int | None, typer.Option(help="GPU index on the node.")] = None,
+    xid: Annotated[int | None, typer.Option(help="XID to raise, e.g. 79.")] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Clear the node's (or GPU's) XID.")] = False,
+) -> None:
+    """Raise an XID on a simulated GPU (or clear it with --clear)."""
+    if clear == (xid is not None):
+        raise AutohealError("give exactly one of --xid N or --clear")
+    labmod.inject(labmod.require(name, root), node, gpu, None if clear else xid)
+    console.print(f"{'cleared' if clear else f'XID {xid} raised on'} {node} gpu {gpu}")
+
+
+@lab_app.command("demo")
+def lab_demo(
+    name: NameOpt = "demo",
+    root: RootOpt = None,
+    port_base: Annotated[int, typer.Option(help="First of the lab's loopback ports.")] = 21000,
+    keep: Annotated[bool, typer.Option(help="Leave the lab up afterwards to explore.")] = False,
+    grace: Annotated[int, typer.Option(help="Grace period for jobs to checkpoint (s).")] = 120,
+    provision_delay: Annotated[float, typer.Option(help="Cloud provisioning delay (s).")] = 5.0,
+    report_dir: Annotated[Path | None, typer.Option(help="Where report.json and timeline.png go.")] = None,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 600,
+    json_: JsonOpt = False,
+) -> None:
+    """A GPU dies during training and the job resumes by itself: the whole story, measured."""
+    from lab.demo import run_demo
+
+    kw: dict[str, object] = {"root": root} if root else {}
+    cfg = LabConfig(
+        name=name,
+        port_base=port_base,
+        grace_seconds=grace,
+        provision_delay=provision_delay,
+        **kw,  # type: ignore[arg-type]
+    )
+    report = run_demo(cfg, keep, console, out, report_dir, timeout)
+    if json_:
+        print(json.dumps(report))
+
+
+pool_app = typer.Typer(help="The lab's node-pool controller (plays the cloud).", no_args_is_help=True)
+lab_app.add_typer(pool_app, name="pool")
+
+
+@pool_app.command("status")
+def pool_status(name: NameOpt = "default", root: RootOpt = None, json_: JsonOpt = False) -> None:
+    """Declared vs actual members of each pool, pending replacements, retired nodes."""
+    from lab import pool
+
+    st = pool.client_status(labmod.require(name, root))
+    if json_:
+        out.print_json(json.dumps(st))
+        return
+    t = Table(title="node pools")
+    for col in ("pool", "declared", "members", "pending", "headroom left"):
+        t.add_column(col)
+    for pname, p in st["pools"].items():
+        t.add_row(
+            pname, str(p["declared"]), " ".join(p["members"]), " ".join(p["pending"]), str(p["headroom_left"])
+        )
+    out.print(t)
+    if st["retired"]:
+        out.print(f"retired: {' '.join(st['retired'])}")
+
+
+@pool_app.command("retire")
+def pool_retire(
+    node: Annotated[list[str], typer.Option(help="A node to terminate (repeat for a batch).")],
+    name: NameOpt = "default",
+    root: RootOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Terminate nodes the way a cloud autoscaling group would (a batch concurrently); the pool
+    backfills them. --json prints one result per node."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lab import pool
+    from autoheal.names import validate_node_name
+
+    cfg = labmod.require(name, root)
+    nodes = [validate_node_name(n, "--node") for n in node]
+    with ThreadPoolExecutor(min(16, len(nodes))) as ex:
+        results = list(ex.map(lambda n: pool.client_retire(cfg, n), nodes))
+    if json_:
+        out.print_json(json.dumps(results))
+        return
+    for n, res in zip(nodes, results, strict=True):
+        console.print(f"{n}: {'retired' if res['changed'] else 'already retired'}")
+
+
+
+
+def register(app: typer.Typer) -> None:
+    """Add `autoheal lab ...` to the root app."""
+    app.add_typer(lab_app, name="lab")

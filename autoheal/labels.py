@@ -1,0 +1,61 @@
+"""The one definition of every Kubernetes label, taint, annotation and resource name autoheal uses.
+
+The runbook only touches what autoheal itself set (an administrator's cordon or taint is left
+alone), so these keys are part of the contract between the runner, the plays, the Pulumi
+components and the lab. Everything Python imports them from here; the Ansible collection carries
+a generated copy (`module_utils/contract.py`) and the roles' defaults repeat them as YAML, and
+tests keep both in step with this file.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+DOMAIN: Final = "autoheal.io"
+
+# --- labels ----------------------------------------------------------------------------------
+POOL_LABEL: Final = f"{DOMAIN}/pool"  # which GpuNodePool a node belongs to
+SPARE_LABEL: Final = f"{DOMAIN}/spare"  # "true" on a hot spare until it is promoted
+STATE_LABEL: Final = f"{DOMAIN}/state"  # "quarantined" once the runbook fenced the node
+QUARANTINED: Final = "quarantined"  # the value of STATE_LABEL the fence sets
+OPT_OUT_LABEL: Final = f"{DOMAIN}/opt-out"  # on a node or a pod: fence only, no drain/replace
+GPU_MODEL_LABEL: Final = f"{DOMAIN}/gpu-model"
+ALERTMANAGER_CONFIG_LABEL: Final = f"{DOMAIN}/alertmanager-config"
+
+# --- taints ----------------------------------------------------------------------------------
+QUARANTINE_TAINT_KEY: Final = f"{DOMAIN}/quarantine"  # NoSchedule: PDBs and grace periods still rule
+SPARE_TAINT_KEY: Final = SPARE_LABEL  # spares carry label and taint of the same key
+
+# --- annotations -----------------------------------------------------------------------------
+INCIDENT_ANNOTATION: Final = f"{DOMAIN}/incident"  # the incident that fenced the node
+CORDONED_BY_ANNOTATION: Final = f"{DOMAIN}/cordoned-by"
+REPLACES_ANNOTATION: Final = f"{DOMAIN}/replaces"  # on a promoted spare: the node it stands in for
+POLICY_WAIVER_ANNOTATION: Final = f"{DOMAIN}/policy-waiver"
+REMEDIATION_ANNOTATION: Final = f"{DOMAIN}/remediation"
+STATE_DIR_ANNOTATION: Final = f"{DOMAIN}/state-dir"
+TOKEN_SECRET_ANNOTATION: Final = f"{DOMAIN}/token-secret"  # noqa: S105 (a key name)
+
+# --- GPUs --------------------------------------------------------------------------------------
+GPU_RESOURCE: Final = "nvidia.com/gpu"  # extended resource; also the taint key of GPU pools
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
+
+# --- Slurm -----------------------------------------------------------------------------------
+REASON_PREFIX: Final = "autoheal:"  # every Slurm reason autoheal sets starts with this
+SPARE_REASON: Final = "autoheal: hot spare"
+
+
+def spare_taint() -> dict[str, str]:
+    """The taint a hot spare carries until promotion (a fresh dict: callers mutate manifests)."""
+    return {"key": SPARE_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+
+
+def quarantine_taint(tier: str) -> dict[str, str]:
+    """The taint the fence adds (its value: the action tier): NoSchedule, not NoExecute, so the
+    eviction that follows honours PDBs and grace periods."""
+    return {"key": QUARANTINE_TAINT_KEY, "value": tier, "effect": "NoSchedule"}
+
+
+def gpu_taint() -> dict[str, str]:
+    """The taint GPU pools carry so that only GPU workloads land there."""
+    return {"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-SPARE_REASON = "autoheal: hot spare"
-REASON_PREFIX = "autoheal:"
+from autoheal.labels import SPARE_REASON
 
 
 @dataclass(frozen=True)

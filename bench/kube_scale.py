@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from autoheal.labels import GPU_PRODUCT_LABEL, POOL_LABEL
 from lab import kube
 
 
@@ -38,7 +39,7 @@ def main() -> None:
     specs = [
         kube.KubeNodeSpec(
             f"gpu-{i:05d}",
-            labels={"autoheal.io/pool": f"pool-{i % 8}", "nvidia.com/gpu.product": "H100"},
+            labels={POOL_LABEL: f"pool-{i % 8}", GPU_PRODUCT_LABEL: "H100"},
             taints=[],
         )
         for i in range(args.nodes)

@@ -30,10 +30,10 @@ from typing import Any
 
 from rich.console import Console
 
+from autoheal.labels import SPARE_REASON
 from lab import demo, pool, runner, slurm
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
-from autoheal.slurmconf import SPARE_REASON
 
 ANCHOR_HEALTHY_S = 5 * 60
 ANCHOR_END_TO_END_S = 15 * 60

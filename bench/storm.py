@@ -35,10 +35,10 @@ from typing import Any
 
 import httpx
 
+from autoheal.labels import REASON_PREFIX, SPARE_REASON
 from lab import kube, procs, runner, slurm
 from lab import lab as labmod
 from lab.config import MAX_NODES, LabConfig, PoolConfig
-from autoheal.slurmconf import SPARE_REASON
 from remediation.config import Budgets
 from remediation.journal import Journal
 
@@ -82,7 +82,7 @@ def slurm_fenced(cfg: LabConfig) -> dict[str, str]:
     for row in out.splitlines():
         node, state, reason = [*row.split("|", 2), "", ""][:3]
         if (
-            reason.startswith("autoheal:")
+            reason.startswith(REASON_PREFIX)
             and reason != SPARE_REASON
             and ("drain" in state or "down" in state)
         ):

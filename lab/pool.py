@@ -24,23 +24,27 @@ from typing import Any
 import httpx
 
 from autoheal.errors import LabError
+from autoheal.labels import (
+    GPU_COUNT_LABEL,
+    GPU_MODEL_LABEL,
+    GPU_PRODUCT_LABEL,
+    POOL_LABEL,
+    SPARE_LABEL,
+    SPARE_REASON,
+    gpu_taint,
+    spare_taint,
+)
+from autoheal.names import is_node_name
 from lab import procs, slurm
 from lab.config import LabConfig, PoolConfig, load_lab
-from autoheal.names import is_node_name
-from autoheal.slurmconf import SPARE_REASON
-
-POOL_LABEL = "autoheal.io/pool"
-SPARE_LABEL = "autoheal.io/spare"
-SPARE_TAINT = {"key": "autoheal.io/spare", "value": "true", "effect": "NoSchedule"}
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
 
 def node_labels(pool: PoolConfig, spare: bool) -> dict[str, str]:
     labels = {
         POOL_LABEL: pool.name,
-        "autoheal.io/gpu-model": pool.gpu_type,
-        "nvidia.com/gpu.product": pool.gpu_model.replace(" ", "-"),
-        "nvidia.com/gpu.count": str(pool.gpus_per_node),
+        GPU_MODEL_LABEL: pool.gpu_type,
+        GPU_PRODUCT_LABEL: pool.gpu_model.replace(" ", "-"),
+        GPU_COUNT_LABEL: str(pool.gpus_per_node),
     }
     if spare:
         labels[SPARE_LABEL] = "true"
@@ -48,7 +52,7 @@ def node_labels(pool: PoolConfig, spare: bool) -> dict[str, str]:
 
 
 def node_taints(spare: bool) -> list[dict[str, str]]:
-    return [dict(GPU_TAINT), dict(SPARE_TAINT)] if spare else [dict(GPU_TAINT)]
+    return [gpu_taint(), spare_taint()] if spare else [gpu_taint()]
 
 
 class PoolController:
@@ -161,7 +165,8 @@ class PoolController:
 
     def _provision(self, item: dict[str, Any]) -> None:
         node, pool = item["node"], self.pool_of(item["node"])
-        assert pool is not None
+        if pool is None:  # reconcile() only queues names from a pool's headroom
+            raise LabError(f"pool-controller: pending node {node!r} belongs to no pool of this lab")
         drain = ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={SPARE_REASON}"]
         # drained before its slurmd registers, so no job can land on it in between
         slurm.run(self.cfg, drain)

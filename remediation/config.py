@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator
 
+from autoheal.labels import OPT_OUT_LABEL, POOL_LABEL, QUARANTINED, STATE_LABEL
 from remediation.errors import RunnerConfigError
 
 
@@ -63,8 +64,8 @@ class RunnerConfig(BaseModel):
     budgets: Budgets = Budgets()
     node_cap: NodeCap = NodeCap()
     dedup_window_seconds: int = Field(default=900, ge=0)
-    opt_out_label: str = "autoheal.io/opt-out"
-    pool_label: str = "autoheal.io/pool"
+    opt_out_label: str = OPT_OUT_LABEL
+    pool_label: str = POOL_LABEL
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     max_concurrent_runs: int = Field(default=4, ge=1, le=64)
     batch_window_seconds: float = Field(default=0.3, ge=0, le=60)
@@ -78,7 +79,7 @@ class RunnerConfig(BaseModel):
     max_fence_batch: int = Field(default=500, ge=1)
     pool_cache_seconds: float = Field(default=60.0, ge=0, description="how long pool membership is cached")
     quarantine_label: str = Field(
-        default="autoheal.io/state=quarantined",
+        default=f"{STATE_LABEL}={QUARANTINED}",
         pattern=r"^[A-Za-z0-9./_-]{1,253}=[A-Za-z0-9._-]{0,63}$",
         description="the label the fence sets; such a node found uncordoned cancels its incident",
     )

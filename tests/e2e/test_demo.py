@@ -19,15 +19,13 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from autoheal.labels import QUARANTINE_TAINT_KEY, QUARANTINED, REASON_PREFIX, SPARE_REASON, STATE_LABEL
 from lab import demo, runner, slurm
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
-from autoheal.slurmconf import SPARE_REASON
 from tests.support import port_base
 
 PORT_BASE = port_base(25500)
-QUARANTINE_TAINT = "autoheal.io/quarantine"
-STATE_LABEL = "autoheal.io/state"
 
 pytestmark = [pytest.mark.lab, pytest.mark.kube]
 
@@ -54,11 +52,11 @@ class NodeWatch(threading.Thread):
                         taints = {t["key"] for t in spec.get("taints") or []}
                         view = {
                             "unschedulable": bool(spec.get("unschedulable")),
-                            "taint": QUARANTINE_TAINT in taints,
+                            "taint": QUARANTINE_TAINT_KEY in taints,
                             "label": n["metadata"].get("labels", {}).get(STATE_LABEL),
                             "ts": time.time(),
                         }
-                        if view["unschedulable"] and view["taint"] and view["label"] == "quarantined":
+                        if view["unschedulable"] and view["taint"] and view["label"] == QUARANTINED:
                             self.quarantined.setdefault(name, view)
                 except Exception as exc:  # the API may be busy; keep watching
                     self.errors.append(str(exc)[:200])
@@ -107,7 +105,7 @@ def test_demo_gpu_dies_and_job_resumes(tmp_path: Path) -> None:
         # Slurm: the faulty node is out of service, with the runbook's own reason
         st = slurm.node_states(cfg)[node]
         assert {"DOWN", "DRAIN", "DRAINED"} & set(st["state"]), st
-        assert st["reason"].startswith("autoheal:") and st["reason"] != SPARE_REASON, st
+        assert st["reason"].startswith(REASON_PREFIX) and st["reason"] != SPARE_REASON, st
 
         # Kubernetes: it was cordoned, tainted and labelled quarantined before it was retired
         assert node in watch.quarantined, f"{node} never seen quarantined (errors: {watch.errors[:3]})"

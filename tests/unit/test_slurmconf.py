@@ -1,5 +1,5 @@
+from autoheal.labels import SPARE_REASON
 from autoheal.slurmconf import (
-    SPARE_REASON,
     SlurmConfSpec,
     SlurmPool,
     range_names,

@@ -7,11 +7,11 @@ KWOK plays the kubelets: a simulated node costs a few kilobytes, so a 2,000-node
 on a laptop-sized machine.
 
 The five processes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) are
-started directly rather than through ``kwokctl``, so that each has a PID file
-(``run_dir/pids/<service>.pid``), a log (``run_dir/logs/<service>.log``), a health check, and a
-loopback port derived from ``port_base`` (two labs on one machine don't collide).
-``stop_control_plane`` cleans up by PID from those files, also after a failed or interrupted
-start, and only signals a PID whose command line is still the one it started.
+started directly rather than through ``kwokctl``, by the lab's process manager (lab.procs), so
+that each has a PID file (``run_dir/pids/<service>.json``, with the kernel start time), a log
+(``run_dir/logs/<service>.log``), a health check, and a loopback port derived from ``port_base``
+(two labs on one machine don't collide). ``stop_control_plane`` cleans up by PID from those
+files, also after a failed or interrupted start, and never signals a recycled PID.
 
 PKI (a CA, the API server's serving certificate, an admin client certificate and the
 service-account signing key) is generated per run with ``cryptography``; ``run_dir/kubeconfig``
@@ -20,16 +20,13 @@ authenticates as ``system:masters``. Each start begins from an empty etcd.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import ipaddress
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +41,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from autoheal.errors import LabError
+from autoheal.labels import GPU_RESOURCE
+from lab import procs
+
 SERVICES: tuple[str, ...] = (
     "etcd",
     "kube-apiserver",
@@ -53,21 +54,16 @@ SERVICES: tuple[str, ...] = (
 )
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_ANNOTATION_VALUE = "fake"
-GPU_RESOURCE = "nvidia.com/gpu"
 STAGES_DIR = Path(__file__).with_name("kwok-stages")
 SERVICE_CIDR = "10.96.0.0/12"
 _STOP_GRACE_S = 10.0
 
-# Popen objects of the processes this interpreter started, by PID, so exits are reaped (a
-# zombie would otherwise look alive) and exit codes can be reported.
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
-
-class ToolMissingError(RuntimeError):
+class ToolMissingError(LabError):
     """A binary that scripts/build-tools.sh builds is not in the tool cache."""
 
 
-class ControlPlaneError(RuntimeError):
+class ControlPlaneError(LabError):
     """A control-plane service failed to start or become healthy."""
 
     def __init__(self, service: str, cause: str, log: Path | None) -> None:
@@ -77,7 +73,7 @@ class ControlPlaneError(RuntimeError):
         msg = f"{service}: {cause}"
         if log is not None:
             msg += f" (log: {log})"
-            tail = _tail(log, 15)
+            tail = procs.log_tail(log, 15, "\n")
             if tail:
                 msg += "\n--- last lines of the log ---\n" + tail
         super().__init__(msg)
@@ -284,78 +280,7 @@ def _write_kubeconfig(path: Path, pki: Path, api_url: str) -> None:
     path.chmod(0o600)
 
 
-# --- processes ------------------------------------------------------------------------------
-
-
-def _tail(path: Path, lines: int) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            data = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
-
-
-def _pid_file(run_dir: Path, service: str) -> Path:
-    return run_dir / "pids" / f"{service}.pid"
-
-
-def _log_file(run_dir: Path, service: str) -> Path:
-    return run_dir / "logs" / f"{service}.log"
-
-
-def _spawn(run_dir: Path, service: str, argv: list[str]) -> int:
-    log = _log_file(run_dir, service)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    _pid_file(run_dir, service).parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        out.write(f"\n=== {time.strftime('%H:%M:%S')} {' '.join(argv)}\n".encode())
-        out.flush()
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=run_dir,
-            start_new_session=True,
-        )
-    _CHILDREN[proc.pid] = proc
-    # argv[0] is kept so that stop() signals this PID only while it still runs that command.
-    _pid_file(run_dir, service).write_text(json.dumps({"pid": proc.pid, "argv0": argv[0]}))
-    return proc.pid
-
-
-def _read_pid(run_dir: Path, service: str) -> tuple[int, str] | None:
-    try:
-        data = json.loads(_pid_file(run_dir, service).read_text())
-        return int(data["pid"]), str(data["argv0"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _exit_code(pid: int) -> int | None:
-    proc = _CHILDREN.get(pid)
-    return proc.poll() if proc is not None else None
-
-
-def _alive(pid: int, argv0: str | None = None) -> bool:
-    """True while PID runs (not a zombie) and, if given, still has argv0 as its command."""
-    proc = _CHILDREN.get(pid)
-    if proc is not None and proc.poll() is not None:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-        if argv0 is not None:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-            return cmd == argv0
-    except (OSError, IndexError):
-        return False
-    return True
-
+# --- processes (through lab.procs, the lab's one process manager) ---------------------------
 
 # Stopped in waves: the API server's shutdown talks to etcd (it removes its own endpoint), so
 # etcd goes last; signalling all at once makes the API server hang until the grace period.
@@ -366,47 +291,17 @@ _STOP_WAVES: tuple[tuple[str, ...], ...] = (
 )
 
 
-def _stop_wave(run_dir: Path, services: Sequence[str]) -> None:
-    running: list[int] = []
-    for service in services:
-        entry = _read_pid(run_dir, service)
-        if entry is None:
-            continue
-        pid, argv0 = entry
-        if _alive(pid, argv0):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            running.append(pid)
-    deadline = time.monotonic() + _STOP_GRACE_S
-    while running and time.monotonic() < deadline:
-        running = [p for p in running if _alive(p)]
-        if running:
-            time.sleep(0.02)
-    for pid in running:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    reaped_by = time.monotonic() + 5.0  # SIGKILL is final; this only waits for the reaping
-    for pid in running:
-        while _alive(pid) and time.monotonic() < reaped_by:
-            time.sleep(0.02)
-    for service in services:
-        entry = _read_pid(run_dir, service)
-        if entry is not None:
-            _CHILDREN.pop(entry[0], None)
-        _pid_file(run_dir, service).unlink(missing_ok=True)
-
-
 def stop_control_plane(run_dir: Path) -> None:
     """Stop every service of the control plane in run_dir by its PID file; no-op if none.
 
-    A PID is signalled only while its command line is still the one recorded at start, SIGTERM
-    first and SIGKILL after a grace period; PID files are removed once the process is gone.
+    A PID is signalled only while it is still the process started (its kernel start time is in
+    the PID file), SIGTERM first and SIGKILL after a grace period; PID files are removed.
     """
     run_dir = Path(run_dir)
-    if not (run_dir / "pids").is_dir():
+    if not procs.pid_dir(run_dir).is_dir():
         return
     for wave in _STOP_WAVES:
-        _stop_wave(run_dir, wave)
+        procs.stop_many(run_dir, wave, timeout=_STOP_GRACE_S)
 
 
 # --- health ---------------------------------------------------------------------------------
@@ -450,23 +345,19 @@ def _health_checks(run_dir: Path, ports: Ports) -> dict[str, Callable[[], None]]
     }
 
 
-def _wait_healthy(run_dir: Path, service: str, pid: int, check: Callable[[], None], deadline: float) -> None:
+def _wait_healthy(proc: procs.Proc, check: Callable[[], None], deadline: float) -> None:
     last = "no answer yet"
     while True:
-        if not _alive(pid):
-            code = _exit_code(pid)
-            raise ControlPlaneError(
-                service, f"exited with code {code} while starting", _log_file(run_dir, service)
-            )
+        if not procs.is_alive(proc):
+            code = procs.exit_code(proc)
+            raise ControlPlaneError(proc.name, f"exited with code {code} while starting", proc.log)
         try:
             check()
             return
         except Exception as exc:
             last = f"{type(exc).__name__}: {exc}"
         if time.monotonic() > deadline:
-            raise ControlPlaneError(
-                service, f"not healthy before the timeout ({last})", _log_file(run_dir, service)
-            )
+            raise ControlPlaneError(proc.name, f"not healthy before the timeout ({last})", proc.log)
         time.sleep(0.1)
 
 
@@ -481,8 +372,8 @@ def control_plane_status(run_dir: Path) -> dict[str, bool]:
     checks = _health_checks(run_dir, ports)
     status: dict[str, bool] = {}
     for service in SERVICES:
-        entry = _read_pid(run_dir, service)
-        ok = entry is not None and _alive(*entry)
+        proc = procs.read_proc(run_dir, service)
+        ok = proc is not None and procs.is_alive(proc)
         if ok:
             try:
                 checks[service]()
@@ -663,19 +554,19 @@ def start_control_plane(
         _write_kwok_config(run_dir)
         argv = _argv(run_dir, ports, len(nodes))
         checks = _health_checks(run_dir, ports)
-        pids: dict[str, int] = {}
+        started: dict[str, procs.Proc] = {}
         for service in ("etcd", "kube-apiserver"):
-            pids[service] = _spawn(run_dir, service, argv[service])
-            _wait_healthy(run_dir, service, pids[service], checks[service], deadline)
+            started[service] = procs.spawn(service, argv[service], run_dir, cwd=run_dir)
+            _wait_healthy(started[service], checks[service], deadline)
         rest = ("kube-controller-manager", "kube-scheduler", "kwok")
         for service in rest:
-            pids[service] = _spawn(run_dir, service, argv[service])
+            started[service] = procs.spawn(service, argv[service], run_dir, cwd=run_dir)
         for service in rest:
-            _wait_healthy(run_dir, service, pids[service], checks[service], deadline)
+            _wait_healthy(started[service], checks[service], deadline)
         handle = KubeHandle(
             kubeconfig=run_dir / "kubeconfig",
             api_url=api_url,
-            pids=pids,
+            pids={service: p.pid for service, p in started.items()},
             run_dir=run_dir,
             port_base=port_base,
         )
@@ -826,7 +717,7 @@ def wait_nodes_ready(kubeconfig: Path, names: Sequence[str], timeout: float = 12
                 return
             if time.monotonic() > deadline:
                 sample = ", ".join(sorted(missing)[:5])
-                log = _log_file(Path(kubeconfig).parent, "kwok")
+                log = procs.log_path(Path(kubeconfig).parent, "kwok")
                 raise ControlPlaneError(
                     "kwok",
                     f"{len(missing)} of {len(want)} nodes not Ready after {timeout:.0f}s (e.g. {sample})",

@@ -1,8 +1,11 @@
-"""Start and stop the lab's daemons by PID, and never anybody else's.
+"""The lab's one process manager: start and stop its daemons by PID, and never anybody else's.
 
-Each process gets a log file and a PID file holding its PID *and* its kernel start time, so a stale
-PID file can never make us signal a recycled PID that now belongs to someone else. Every process is
-started in its own session so a stop reaches its children too.
+Each process gets a log file (logs/<name>.log) and a PID file (pids/<name>.json) holding its PID
+*and* its kernel start time, so a stale PID file can never make us signal a recycled PID that now
+belongs to someone else (autoheal.proc). Every process starts in its own session, so a stop
+reaches its process group, and its descendants are collected before any signal because some of
+them (ansible-runner's plays) start sessions of their own. Slurm, Prometheus, the simulator, the
+pool controller, the runner and the Kubernetes control plane all start and stop through here.
 """
 
 from __future__ import annotations
@@ -14,31 +17,28 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoheal import proc as kernel
 from autoheal.errors import LabError
+
+# Popen objects of the processes this interpreter started, by PID: polling one reaps it, so an
+# exited child is never mistaken for a live one (a zombie keeps its PID), and its exit code can
+# be reported.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+KILL_WAIT_S = 5.0  # SIGKILL is final; this only waits for the kernel to finish the process
 
 
 @dataclass(frozen=True)
 class Proc:
+    """One process the lab started: what the PID file says."""
+
     name: str
     pid: int
     start_ticks: int
     log: Path
-
-
-def _start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name may hold spaces and parentheses: fields start after the last ')'
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
 
 
 def pid_dir(run_dir: Path) -> Path:
@@ -51,6 +51,10 @@ def log_dir(run_dir: Path) -> Path:
 
 def log_path(run_dir: Path, name: str) -> Path:
     return log_dir(run_dir) / f"{name}.log"
+
+
+def _pid_file(run_dir: Path, name: str) -> Path:
+    return pid_dir(run_dir) / f"{name}.json"
 
 
 def spawn(
@@ -67,6 +71,9 @@ def spawn(
     full_env = dict(os.environ)
     full_env.update(env or {})
     with log.open("ab") as out:
+        # a restarted service appends: the marker says where this start begins
+        out.write(f"\n=== {time.strftime('%H:%M:%S')} {' '.join(argv)}\n".encode())
+        out.flush()
         try:
             p = subprocess.Popen(
                 list(argv),
@@ -79,34 +86,47 @@ def spawn(
             )
         except FileNotFoundError as exc:
             raise LabError(f"{name}: cannot start {argv[0]!r}: {exc.strerror}") from exc
-    ticks = _start_ticks(p.pid) or 0
+    _CHILDREN[p.pid] = p
+    # 0 when it has already exited: is_alive() is then False, as it should be
+    ticks = kernel.start_ticks(p.pid) or 0
     rec = {"pid": p.pid, "start_ticks": ticks, "argv": list(argv), "log": str(log)}
-    (pid_dir(run_dir) / f"{name}.json").write_text(json.dumps(rec))
+    _pid_file(run_dir, name).write_text(json.dumps(rec))
     return Proc(name, p.pid, ticks, log)
 
 
 def read_proc(run_dir: Path, name: str) -> Proc | None:
-    path = pid_dir(run_dir) / f"{name}.json"
     try:
-        rec = json.loads(path.read_text())
-    except (OSError, ValueError):
+        rec = json.loads(_pid_file(run_dir, name).read_text())
+        return Proc(name, int(rec["pid"]), int(rec["start_ticks"]), Path(rec["log"]))
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return Proc(name, int(rec["pid"]), int(rec["start_ticks"]), Path(rec["log"]))
 
 
 def is_alive(proc: Proc) -> bool:
-    ticks = _start_ticks(proc.pid)
-    return ticks is not None and ticks == proc.start_ticks
+    """True while the process of this PID file runs (not a recycled PID, not a zombie)."""
+    child = _CHILDREN.get(proc.pid)
+    if child is not None:
+        child.poll()  # reaps it if it has exited
+    return kernel.is_same(proc.pid, proc.start_ticks)
+
+
+def exit_code(proc: Proc) -> int | None:
+    """The exit code of a process this interpreter started and that has exited, else None."""
+    child = _CHILDREN.get(proc.pid)
+    return child.poll() if child is not None else None
+
+
+def names(run_dir: Path) -> list[str]:
+    """Every process that has a PID file in this lab, alive or not."""
+    d = pid_dir(run_dir)
+    return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
 
 
 def running(run_dir: Path) -> dict[str, Proc]:
     """Every process of this lab whose PID file still names a live process we started."""
     out: dict[str, Proc] = {}
-    d = pid_dir(run_dir)
-    if not d.is_dir():
-        return out
-    for f in sorted(d.glob("*.json")):
-        proc = read_proc(run_dir, f.stem)
+    for name in names(run_dir):
+        proc = read_proc(run_dir, name)
         if proc and is_alive(proc):
             out[proc.name] = proc
     return out
@@ -114,78 +134,34 @@ def running(run_dir: Path) -> dict[str, Proc]:
 
 def stop(run_dir: Path, name: str, timeout: float = 10.0) -> bool:
     """SIGTERM the process group, then SIGKILL after `timeout`. True if something was stopped."""
-    proc = read_proc(run_dir, name)
-    pidfile = pid_dir(run_dir) / f"{name}.json"
-    if proc is None:
-        return False
-    stopped = False
-    tree = descendants(proc.pid) if is_alive(proc) else []
-    if is_alive(proc):
-        stopped = True
-        _signal_group(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while is_alive(proc) and time.monotonic() < deadline:
-            _reap(proc.pid)
-            time.sleep(0.05)
-        if is_alive(proc):
-            _signal_group(proc.pid, signal.SIGKILL)
-            while is_alive(proc):
-                _reap(proc.pid)
-                time.sleep(0.02)
-    # children that outlived their leader (same process group, or a session of their own) go too
-    _signal_group(proc.pid, signal.SIGKILL)
-    _kill_tree(tree, signal.SIGKILL)
-    pidfile.unlink(missing_ok=True)
-    return stopped
+    return bool(stop_many(run_dir, [name], timeout))
 
 
-def stop_many(run_dir: Path, names: Sequence[str], timeout: float = 10.0) -> list[str]:
-    """Stop several processes at once: signal all, then wait, so teardown of 100 slurmd is fast."""
-    procs = [p for n in names if (p := read_proc(run_dir, n))]
+def stop_many(run_dir: Path, stop_names: Sequence[str], timeout: float = 10.0) -> list[str]:
+    """Stop several processes at once: signal all, then wait, so teardown of 100 slurmd is fast.
+    Returns the names that were running; their PID files are removed."""
+    procs = [p for n in stop_names if (p := read_proc(run_dir, n))]
     live = [p for p in procs if is_alive(p)]
-    trees = [t for p in live for t in descendants(p.pid)]
+    # children that outlive their leader (same process group, or a session of their own) go too
+    trees = [(pid, t) for p in live for pid in kernel.descendants(p.pid) if (t := kernel.start_ticks(pid))]
     for p in live:
         _signal_group(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while any(is_alive(p) for p in live) and time.monotonic() < deadline:
-        for p in live:
-            _reap(p.pid)
-        time.sleep(0.05)
-    for p in procs:
+    _wait_gone(live, timeout)
+    for p in live:
         if is_alive(p):
             _signal_group(p.pid, signal.SIGKILL)
-        _signal_group(p.pid, signal.SIGKILL)
-        (pid_dir(run_dir) / f"{p.name}.json").unlink(missing_ok=True)
-    _kill_tree(trees, signal.SIGKILL)
+    end(trees, signal.SIGKILL)
+    _wait_gone(live, KILL_WAIT_S)
+    for p in procs:
+        _pid_file(run_dir, p.name).unlink(missing_ok=True)
+        _CHILDREN.pop(p.pid, None)
     return [p.name for p in live]
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of `pid`, found through /proc before anything is signalled: children
-    that started their own session (ansible-runner's plays do) are not in the process group."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(d.name))
-    out: list[int] = []
-    todo = list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        out.append(child)
-        todo.extend(children.get(child, []))
-    return out
-
-
-def _kill_tree(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+def _wait_gone(procs: Sequence[Proc], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while any(is_alive(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -193,9 +169,15 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
+def end(targets: Iterable[tuple[int, int]], sig: int) -> int:
+    """Send `sig` to each (pid, start ticks) that is still that process; returns how many got it."""
+    sent = 0
+    for pid, ticks in targets:
+        if kernel.is_same(pid, ticks):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+                sent += 1
+    return sent
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -208,12 +190,16 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def log_tail(path: Path, lines: int = 5) -> str:
+def log_tail(path: Path, lines: int = 5, sep: str = " | ") -> str:
+    """The last `lines` lines of a log (read from its last 16 KiB: logs grow large)."""
     try:
-        text = path.read_text(errors="replace").strip().splitlines()
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            data = f.read().decode(errors="replace")
     except OSError:
         return ""
-    return " | ".join(text[-lines:])
+    return sep.join(data.strip().splitlines()[-lines:])
 
 
 def wait_until(
@@ -232,7 +218,6 @@ def wait_until(
         except Exception:  # noqa: S110 - a check that raises is simply not ready yet
             pass
         if proc is not None and not is_alive(proc):
-            _reap(proc.pid)
             raise LabError(f"{proc.name}: exited during start; see {proc.log}: {log_tail(proc.log)}")
         if time.monotonic() > deadline:
             where = f"; see {proc.log}: {log_tail(proc.log)}" if proc else ""

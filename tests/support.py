@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 PORT_OFFSET = int(os.environ.get("AUTOHEAL_TEST_PORT_OFFSET", "0"))
@@ -19,7 +20,9 @@ def port_base(base: int) -> int:
     return base + PORT_OFFSET
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 60.0, what: str = "condition", interval: float = 0.2) -> Any:
+def wait_for(
+    pred: Callable[[], Any], timeout: float = 60.0, what: str = "condition", interval: float = 0.2
+) -> Any:
     """Poll `pred` until it returns something truthy (returned), or fail naming `what`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -28,3 +31,29 @@ def wait_for(pred: Callable[[], Any], timeout: float = 60.0, what: str = "condit
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie has exited: it only waits to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def processes_pointing_into(*dirs: Path | str) -> dict[int, str]:
+    """Live processes whose command line or working directory points into one of `dirs`:
+    PID -> command line. Read from /proc here, not through the code under test."""
+    roots = [str(d).rstrip("/") for d in dirs]
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not pid_alive(int(entry.name)):
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if any(r in cmd or cwd == r or cwd.startswith(r + "/") for r in roots):
+            found[int(entry.name)] = cmd.strip() or f"[{cwd}]"
+    return found

@@ -7,26 +7,21 @@ KWOK nodes are "run" by KWOK's stages: Running once scheduled, gone once deleted
 from __future__ import annotations
 
 import json
-import os
 import socket
-import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from autoheal import proc
 from lab import kube
-from tests.support import wait_for
-from tests.support import port_base
+from tests.support import port_base, processes_pointing_into, wait_for
 
 pytestmark = pytest.mark.kube
 
 PORT_BASE = port_base(27200)
 GPU_NODES = [f"gpu-{i:02d}" for i in range(4)]
 TAINTED = "gpu-tainted"
-
-
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +106,9 @@ def test_every_service_is_healthy_and_has_a_pid_file(cp):
     assert status == dict.fromkeys(kube.SERVICES, True)
     assert set(cp.pids) == set(kube.SERVICES)
     for service, pid in cp.pids.items():
-        data = json.loads((cp.run_dir / "pids" / f"{service}.pid").read_text())
+        data = json.loads((cp.run_dir / "pids" / f"{service}.json").read_text())
         assert data["pid"] == pid
+        assert data["start_ticks"] == proc.start_ticks(pid)  # a recycled PID is never signalled
         assert (cp.run_dir / "logs" / f"{service}.log").exists()
 
 
@@ -231,24 +227,6 @@ def test_deleted_node_disappears_and_added_node_becomes_ready(cp, core):
     kube.delete_node(cp, "gpu-late")  # already gone: no error
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """PIDs of live processes whose command line mentions text (e.g. a run dir)."""
-    found = []
-    for proc in os.listdir("/proc"):
-        if not proc.isdigit():
-            continue
-        try:
-            with open(f"/proc/{proc}/cmdline", "rb") as f:
-                cmd = f.read().decode(errors="replace")
-            with open(f"/proc/{proc}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if text in cmd and state != "Z":
-            found.append(int(proc))
-    return found
-
-
 def test_a_service_failing_at_start_is_named_and_nothing_is_left_running(tmp_path, monkeypatch):
     real_argv = kube._argv
 
@@ -265,8 +243,8 @@ def test_a_service_failing_at_start_is_named_and_nothing_is_left_running(tmp_pat
     assert err.value.log == tmp_path / "logs" / "kube-controller-manager.log"
     assert "unknown flag: --no-such-flag" in str(err.value)  # the log's tail is in the message
     assert (tmp_path / "logs" / "kube-apiserver.log").read_text()  # others had started...
-    assert processes_mentioning(str(tmp_path)) == []  # ...and were all stopped again
-    assert not list((tmp_path / "pids").glob("*.pid"))
+    assert processes_pointing_into(tmp_path) == {}  # ...and were all stopped again
+    assert not list((tmp_path / "pids").glob("*.json"))
     assert kube.control_plane_status(tmp_path) == dict.fromkeys(kube.SERVICES, False)
 
 

@@ -29,11 +29,9 @@ def is_node_name(value: object) -> bool:
 
 def validate_node_name(value: object, field: str = "node") -> str:
     """Return `value` if it is a valid node name, else raise ValidationError naming `field`."""
-    if not is_node_name(value):
-        shown = repr(value)[:80]
-        raise ValidationError(
-            f"{field}: {shown} is not a valid node name (lower-case letters, digits, '-' and '.', "
-            f"starting and ending alphanumeric, at most {MAX_NODE_NAME} characters)"
-        )
-    assert isinstance(value, str)
-    return value
+    if isinstance(value, str) and is_node_name(value):
+        return value
+    raise ValidationError(
+        f"{field}: {repr(value)[:80]} is not a valid node name (lower-case letters, digits, '-' and '.', "
+        f"starting and ending alphanumeric, at most {MAX_NODE_NAME} characters)"
+    )

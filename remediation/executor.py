@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,6 +30,7 @@ from typing import IO, Any
 
 import ansible_runner
 
+from autoheal import proc
 from autoheal.errors import ValidationError
 from autoheal.names import validate_node_name
 from remediation.errors import ExecutionError, NodeBusyError
@@ -202,7 +204,6 @@ class RunOutcome:
     status: str  # successful | failed | timeout | canceled | error
     rc: int | None
     detail: str = ""
-    first_task_at: float | None = None
 
 
 StepSink = Callable[[str, str, str, bool, float | None, float], None]
@@ -258,7 +259,7 @@ class Executor:
         private = self.run_dir(run_id)
         private.mkdir(parents=True, exist_ok=True)
         started: dict[str, float] = {}
-        state: dict[str, Any] = {"first_task_at": None, "reason": ""}
+        state: dict[str, Any] = {"reason": ""}
         repo = self.playbook_dir.parent
         env = {
             "ANSIBLE_LOCALHOST_WARNING": "False",
@@ -279,8 +280,6 @@ class Executor:
                 on_pid(int(event["pid"]))
             elif kind == "runner_on_start":
                 started[str(data.get("task_uuid", ""))] = now
-                if state["first_task_at"] is None:
-                    state["first_task_at"] = now
             elif _STEP_END.get(kind):
                 t0 = started.pop(str(data.get("task_uuid", "")), None)
                 on_step(
@@ -328,41 +327,34 @@ class Executor:
             status = "timeout"
         if status == "timeout" and not detail:
             detail = f"run exceeded {self.run_timeout}s"
-        return RunOutcome(status, runner.rc, detail, state["first_task_at"])
+        return RunOutcome(status, runner.rc, detail)
 
 
-def pid_is_play(pid: int) -> bool:
-    """True when `pid` is alive and is an ansible-playbook process (ours, from a dead runner)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"ansible-playbook" in cmdline
+def _is_play(argv: Sequence[str]) -> bool:
+    return any("ansible-playbook" in a for a in argv)
+
+
+def pid_is_play(pid: int, since: float | None = None) -> bool:
+    """True when `pid` is alive and is an ansible-playbook process, started no earlier than
+    `since` (the start of the run that recorded it: a later process reusing the PID is not it)."""
+    return _is_play(proc.cmdline(pid)) and (since is None or proc.started_within(pid, after=since))
 
 
 def find_plays(private_dir: str) -> list[int]:
     """PIDs of ansible-playbook processes started for `private_dir` (a dead runner's orphans)."""
     if not private_dir:
         return []
-    needle = private_dir.encode()
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"ansible-playbook" in cmdline and needle in cmdline:
-            found.append(int(entry.name))
+    for pid in proc.pids():
+        argv = proc.cmdline(pid)
+        if _is_play(argv) and any(private_dir in a for a in argv):
+            found.append(pid)
     return found
 
 
-def stop_play(pid: int, wait: float = 10.0) -> None:
-    """Stop a leftover play's process group (SIGTERM, then SIGKILL)."""
-    import signal
-
-    if not pid_is_play(pid):
+def stop_play(pid: int, wait: float = 10.0, since: float | None = None) -> None:
+    """Stop a leftover play's process group (SIGTERM, then SIGKILL); `since` as in pid_is_play."""
+    if not pid_is_play(pid, since):
         return
     try:
         pgid = os.getpgid(pid)
@@ -376,7 +368,7 @@ def stop_play(pid: int, wait: float = 10.0) -> None:
 
     kill(signal.SIGTERM)
     deadline = time.time() + wait
-    while time.time() < deadline and pid_is_play(pid):
+    while time.time() < deadline and pid_is_play(pid, since):
         time.sleep(0.1)
-    if pid_is_play(pid):
+    if pid_is_play(pid, since):
         kill(signal.SIGKILL)

@@ -407,7 +407,8 @@ class Tx:
                 source,
             ),
         )
-        assert cur.lastrowid is not None
+        if cur.lastrowid is None:
+            raise JournalError("journal: the new run got no row id")
         return int(cur.lastrowid)
 
     def update_run(self, run_id: int, **fields: Any) -> None:
@@ -511,6 +512,13 @@ class Journal:
         rows = self._query("SELECT * FROM incidents WHERE id=?", (incident_id,))
         return _incident(rows[0]) if rows else None
 
+    def require_incident(self, incident_id: str) -> IncidentRecord:
+        """An incident this process created or was handed: its absence is a journal fault."""
+        inc = self.incident(incident_id)
+        if inc is None:
+            raise JournalError(f"journal {self.path}: incident {incident_id} is missing")
+        return inc
+
     def incidents(self, states: Sequence[str] | None = None, limit: int = 1000) -> list[IncidentRecord]:
         if states:
             marks = ",".join("?" * len(states))
@@ -567,6 +575,13 @@ class Journal:
     def run(self, run_id: int) -> RunRecord | None:
         rows = self._query("SELECT * FROM runs WHERE id=?", (run_id,))
         return _run(rows[0]) if rows else None
+
+    def require_run(self, run_id: int) -> RunRecord:
+        """A run this process created: its absence is a journal fault."""
+        run = self.run(run_id)
+        if run is None:
+            raise JournalError(f"journal {self.path}: run {run_id} is missing")
+        return run
 
     def runs(self, status: str | None = None) -> list[RunRecord]:
         if status:

@@ -58,9 +58,7 @@ def request_cancel(journal: Journal, incident_id: str) -> IncidentRecord:
     with journal.transaction() as tx:
         tx.set_state(inc.id, inc.state, inc.reason, cancel_requested=True)
         tx.timeline(inc.id, "cancel_requested", "ok", source="cli", detail="by " + actor())
-    out = journal.incident(incident_id)
-    assert out is not None
-    return out
+    return journal.require_incident(incident_id)
 
 
 def run_by_hand(
@@ -120,9 +118,5 @@ def run_by_hand(
             run_id, private_dir=str(executor.run_dir(run_id)), events_path=str(executor.events_path(run_id))
         )
         tx.set_state(iid, "running", "run by hand", run_id=run_id)
-    inc = journal.incident(iid)
-    assert inc is not None
-    worker.execute(run_id, [inc])
-    done = journal.incident(iid)
-    assert done is not None
-    return done
+    worker.execute(run_id, [journal.require_incident(iid)])
+    return journal.require_incident(iid)

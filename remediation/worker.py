@@ -31,9 +31,11 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
+from enum import StrEnum
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
+from autoheal import proc
 from remediation.config import RunnerConfig
 from remediation.errors import ExecutionError, NodeBusyError, RemediationError
 from remediation.executor import (
@@ -51,17 +53,36 @@ from remediation.policy import BREAKER_KEY, PAUSE_KEY, Decision, Policy
 
 log = logging.getLogger(__name__)
 MIN_TICK_SECONDS = 0.05
-BatchKey = tuple[str, str, bool, bool, int, str]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+class RunKind(StrEnum):
+    """What a run is for. The value is the run's `source` in the journal."""
+
+    FULL = "worker"  # the whole runbook; the run closes its incidents
+    FENCE = "fence"  # fence first: the runbook up to `fenced`; its incidents stay admitted
+
+    @property
+    def stop_after(self) -> str:
+        """The play's `autoheal_stop_after`: the phase after which it ends ("" = the end)."""
+        return "fenced" if self is RunKind.FENCE else ""
+
+
+class BatchKey(NamedTuple):
+    """Incidents run as one batch when they share the playbook and every play input but the
+    node (and incident id), so one ansible process serves them all."""
+
+    playbook: str
+    tier: str
+    opt_out: bool
+    dry_run: bool
+    xid: int
+    extra_vars: str  # the incident's extra vars, sorted and rendered: hashable
+
+    @classmethod
+    def of(cls, inc: IncidentRecord) -> BatchKey:
+        return cls(
+            inc.playbook, inc.tier, inc.opt_out, inc.dry_run, inc.xid, repr(sorted(inc.extra_vars.items()))
+        )
 
 
 class Worker:
@@ -89,8 +110,8 @@ class Worker:
         self._fencing: dict[int, Future[None]] = {}
         self._fence_tried: set[str] = set()  # incident ids a fence-only run has handled
         self._inflight_nodes: set[str] = set()
-        self._lock = threading.Lock()
-        self.first_task_at: dict[str, float] = {}  # incident id -> first task start (benchmarks)
+        self._lock = threading.Lock()  # guards the in-flight maps and sets above
+        self._runner_lock: IO[str] | None = None  # flock: one runner per state dir (start())
         self._uncordon_checked = 0.0
 
     # lifecycle --------------------------------------------------------------------------------
@@ -112,7 +133,7 @@ class Worker:
             raise RemediationError(
                 f"another runner is working from {self.config.state_dir} (lock {path})"
             ) from None
-        self._runner_lock: IO[str] | None = fh
+        self._runner_lock = fh
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
@@ -121,9 +142,8 @@ class Worker:
             self._thread.join(timeout)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._fence_pool.shutdown(wait=True, cancel_futures=True)
-        lock = getattr(self, "_runner_lock", None)
-        if lock is not None:
-            lock.close()
+        if self._runner_lock is not None:
+            self._runner_lock.close()
             self._runner_lock = None
 
     @property
@@ -153,11 +173,10 @@ class Worker:
         """Resume what a dead runner left behind; returns the interrupted run ids."""
         interrupted = []
         for run in self.journal.runs("running"):
-            if run.owner_pid == os.getpid() or (run.source == "manual" and _alive(run.owner_pid)):
+            if run.owner_pid == os.getpid() or (run.source == "manual" and self._owner_alive(run)):
                 continue
-            for pid in {run.play_pid, *find_plays(run.private_dir)} - {None, 0}:
-                assert pid is not None
-                stop_play(pid)
+            for pid in {run.play_pid or 0, *find_plays(run.private_dir)} - {0}:
+                stop_play(pid, since=run.started_at)
             self._ingest(run)
             with self.journal.transaction() as tx:
                 tx.update_run(
@@ -173,6 +192,12 @@ class Worker:
                         tx.timeline(iid, "resumed", "ok", source="runner", run_id=run.id)
             interrupted.append(run.id)
         return interrupted
+
+    @staticmethod
+    def _owner_alive(run: RunRecord) -> bool:
+        """The process that started a run by hand (`autoheal run`) still runs: it started before
+        the run did (a later process reusing its PID did not)."""
+        return proc.started_within(run.owner_pid, before=run.started_at)
 
     # one tick ---------------------------------------------------------------------------------
     def tick(self) -> float | None:
@@ -270,37 +295,9 @@ class Worker:
     # batches ----------------------------------------------------------------------------------
     def _start_batches(self) -> None:
         admitted = self.journal.incidents(["admitted"])
-        groups: dict[BatchKey, list[IncidentRecord]] = defaultdict(list)
-        for inc in admitted:
-            with self._lock:
-                if inc.node in self._inflight_nodes:
-                    continue
-            if self.executor.locks.busy(inc.node):  # e.g. `autoheal run` by hand
-                continue
-            key: BatchKey = (
-                inc.playbook,
-                inc.tier,
-                inc.opt_out,
-                inc.dry_run,
-                inc.xid,
-                repr(sorted(inc.extra_vars.items())),
-            )
-            if all(i.node != inc.node for i in groups[key]):
-                groups[key].append(inc)
+        groups = self._group(admitted)
         self._fence_tried &= {i.id for i in admitted}
-        with self._lock:
-            free = max(0, self.config.max_concurrent_runs - len(self._inflight))
-        unfenced = sum(1 for m in groups.values() for i in m if i.id not in self._fence_tried)
-        # A storm (more unfenced nodes than one batch, or a storm being fenced right now) or every
-        # slot busy: fence them all first in fence-only runs; full runs take the fenced ones as
-        # slots free up.
-        with self._lock:
-            storm_fencing = bool(self._fencing)
-        fence_first = (
-            self.config.max_concurrent_fences > 0
-            and unfenced > 0
-            and (free == 0 or unfenced > self.config.max_batch or storm_fencing)
-        )
+        fence_first = self._fence_first(groups)
         waiting: dict[BatchKey, list[IncidentRecord]] = defaultdict(list)
         for key, members in groups.items():
             if fence_first:
@@ -310,8 +307,36 @@ class Worker:
                 with self._lock:
                     if len(self._inflight) >= self.config.max_concurrent_runs:
                         break
-                self._launch(key, members[start : start + self.config.max_batch])
+                self._launch(key, members[start : start + self.config.max_batch], RunKind.FULL)
         self._start_fences(waiting)
+
+    def _group(self, admitted: list[IncidentRecord]) -> dict[BatchKey, list[IncidentRecord]]:
+        """Admitted incidents that can start now, by batch; one incident per node per batch."""
+        groups: dict[BatchKey, list[IncidentRecord]] = defaultdict(list)
+        for inc in admitted:
+            with self._lock:
+                if inc.node in self._inflight_nodes:
+                    continue
+            if self.executor.locks.busy(inc.node):  # e.g. `autoheal run` by hand
+                continue
+            key = BatchKey.of(inc)
+            if all(i.node != inc.node for i in groups[key]):
+                groups[key].append(inc)
+        return groups
+
+    def _fence_first(self, groups: dict[BatchKey, list[IncidentRecord]]) -> bool:
+        """A storm (more unfenced nodes than one batch, or a storm being fenced right now) or every
+        slot busy: fence them all first in fence-only runs; full runs take the fenced ones as slots
+        free up (see the module docstring)."""
+        unfenced = sum(1 for m in groups.values() for i in m if i.id not in self._fence_tried)
+        with self._lock:
+            free = max(0, self.config.max_concurrent_runs - len(self._inflight))
+            storm_fencing = bool(self._fencing)
+        return (
+            self.config.max_concurrent_fences > 0
+            and unfenced > 0
+            and (free == 0 or unfenced > self.config.max_batch or storm_fencing)
+        )
 
     def _start_fences(self, waiting: dict[BatchKey, list[IncidentRecord]]) -> None:
         """Fence first (see the module docstring): fence now what cannot start a full run now."""
@@ -320,48 +345,44 @@ class Worker:
                 with self._lock:
                     if len(self._fencing) >= self.config.max_concurrent_fences:
                         return
-                self._launch(key, members[start : start + self.config.max_fence_batch], fence_only=True)
+                self._launch(key, members[start : start + self.config.max_fence_batch], RunKind.FENCE)
 
-    def _launch(self, key: BatchKey, batch: list[IncidentRecord], fence_only: bool = False) -> None:
-        playbook = key[0]
+    def _launch(self, key: BatchKey, batch: list[IncidentRecord], kind: RunKind) -> None:
         nodes = [i.node for i in batch]
         with self.journal.transaction() as tx:
             run_id = tx.create_run(
-                playbook=playbook,
+                playbook=key.playbook,
                 incident_ids=[i.id for i in batch],
                 nodes=nodes,
-                check_mode=batch[0].dry_run,
-                source="fence" if fence_only else "worker",
+                check_mode=key.dry_run,
+                source=kind.value,
             )
             events = self.executor.events_path(run_id)
             tx.update_run(run_id, private_dir=str(self.executor.run_dir(run_id)), events_path=str(events))
-            if not fence_only:  # a fenced incident stays admitted: its full run is still to come
+            if kind is RunKind.FULL:  # a fenced incident stays admitted: its full run is still to come
                 for inc in batch:
                     tx.set_state(inc.id, "running", inc.reason, run_id=run_id)
-        if fence_only:
+        if kind is RunKind.FENCE:
             log.info("fence first: run %s fences %d node(s) before their full runs", run_id, len(nodes))
         with self._lock:
             self._inflight_nodes.update(nodes)
-            if fence_only:
-                self._fencing[run_id] = self._fence_pool.submit(self._run, run_id, batch, True)
+            if kind is RunKind.FENCE:
+                self._fencing[run_id] = self._fence_pool.submit(self._run, run_id, batch, kind)
             else:
-                self._inflight[run_id] = self._pool.submit(self._run, run_id, batch, False)
+                self._inflight[run_id] = self._pool.submit(self._run, run_id, batch, kind)
 
-    def _run(self, run_id: int, batch: list[IncidentRecord], fence_only: bool) -> None:
+    def _run(self, run_id: int, batch: list[IncidentRecord], kind: RunKind) -> None:
         try:
-            self.execute(run_id, batch, fence_only=fence_only)
+            self.execute(run_id, batch, kind)
         except Exception as exc:
             log.exception("run %s crashed", run_id)
             try:  # never leave incidents "running" in silence: fail them and page
-                if fence_only:
-                    self._tx_run(run_id, status="error", detail=f"runner error: {exc}")
-                else:
-                    self._finish(run_id, batch, "error", None, f"runner error: {exc}")
+                self._record_end(run_id, batch, kind, "error", None, f"runner error: {exc}")
             except Exception:
                 log.exception("could not record the failure of run %s", run_id)
         finally:
             with self._lock:
-                if fence_only:
+                if kind is RunKind.FENCE:
                     self._fencing.pop(run_id, None)
                     self._fence_tried.update(i.id for i in batch)
                 else:
@@ -369,27 +390,11 @@ class Worker:
                 self._inflight_nodes.difference_update(i.node for i in batch)
             self._wake.set()
 
-    def execute(self, run_id: int, batch: list[IncidentRecord], fence_only: bool = False) -> None:
+    def execute(self, run_id: int, batch: list[IncidentRecord], kind: RunKind = RunKind.FULL) -> None:
         """Run one batch under its node locks and close its incidents (a fence-only run closes
         nothing: it records its run and the `fenced` phases)."""
-        run = self.journal.run(run_id)
-        assert run is not None
-        first = batch[0]
-        gpus = {i.gpu for i in batch}
-        play_vars = PlayVars(
-            nodes=tuple(i.node for i in batch),
-            incident_ids=tuple(i.id for i in batch),
-            xid=first.xid,
-            gpu=gpus.pop() if len(gpus) == 1 else None,
-            tier=first.tier,
-            opt_out=first.opt_out,
-            dry_run=first.dry_run,
-            grace_seconds=self.config.grace_seconds,
-            journal_events=Path(run.events_path),
-            done_phases={i.node: self.journal.done_phases(i.id) for i in batch},
-            extra={**self.config.play_vars, **first.extra_vars},
-            stop_after="fenced" if fence_only else "",
-        )
+        run = self.journal.require_run(run_id)
+        play_vars = self._play_vars(run, batch, kind)
         started = time.time()
         try:
             with self.executor.locks.hold(play_vars.nodes):
@@ -406,30 +411,52 @@ class Worker:
         except NodeBusyError as exc:
             with self.journal.transaction() as tx:
                 tx.update_run(run_id, status="skipped", finished_at=tx.now, detail=str(exc))
-                if not fence_only:
+                if kind is RunKind.FULL:
                     for inc in batch:
                         tx.set_state(inc.id, "admitted", inc.reason)
             return
         except ExecutionError as exc:
-            if fence_only:
-                self._finish_fence(run_id, "error", None, str(exc))
-            else:
-                self._finish(run_id, batch, "error", None, str(exc))
+            self._record_end(run_id, batch, kind, "error", None, str(exc))
             return
-        for iid in play_vars.incident_ids:
-            if outcome.first_task_at is not None:
-                self.first_task_at.setdefault(iid, outcome.first_task_at)
         self.metrics.run_duration.observe(time.time() - started)
-        if fence_only:
-            self._finish_fence(run_id, outcome.status, outcome.rc, outcome.detail)
+        self._record_end(run_id, batch, kind, outcome.status, outcome.rc, outcome.detail)
+
+    def _play_vars(self, run: RunRecord, batch: list[IncidentRecord], kind: RunKind) -> PlayVars:
+        first = batch[0]
+        gpus = {i.gpu for i in batch}
+        return PlayVars(
+            nodes=tuple(i.node for i in batch),
+            incident_ids=tuple(i.id for i in batch),
+            xid=first.xid,
+            gpu=gpus.pop() if len(gpus) == 1 else None,
+            tier=first.tier,
+            opt_out=first.opt_out,
+            dry_run=first.dry_run,
+            grace_seconds=self.config.grace_seconds,
+            journal_events=Path(run.events_path),
+            done_phases={i.node: self.journal.done_phases(i.id) for i in batch},
+            extra={**self.config.play_vars, **first.extra_vars},
+            stop_after=kind.stop_after,
+        )
+
+    def _record_end(
+        self,
+        run_id: int,
+        batch: list[IncidentRecord],
+        kind: RunKind,
+        status: str,
+        rc: int | None,
+        detail: str,
+    ) -> None:
+        if kind is RunKind.FENCE:
+            self._finish_fence(run_id, status, rc, detail)
         else:
-            self._finish(run_id, batch, outcome.status, outcome.rc, outcome.detail)
+            self._finish(run_id, batch, status, rc, detail)
 
     def _finish_fence(self, run_id: int, status: str, rc: int | None, detail: str) -> None:
         """Record a fence-only run. Its incidents stay admitted either way: if it failed, their full
         run fences again and escalates if that fails too."""
-        run = self.journal.run(run_id)
-        assert run is not None
+        run = self.journal.require_run(run_id)
         self._ingest(run)
         self.metrics.runs.labels(status=status).inc()
         self._tx_run(run_id, status=status, rc=rc, finished_at=time.time(), detail=detail or "fence only")
@@ -502,8 +529,7 @@ class Worker:
     def _finish(
         self, run_id: int, batch: list[IncidentRecord], status: str, rc: int | None, detail: str
     ) -> None:
-        run = self.journal.run(run_id)
-        assert run is not None
+        run = self.journal.require_run(run_id)
         self._ingest(run)
         self.metrics.runs.labels(status=status).inc()
         closed: list[tuple[IncidentRecord, str, str]] = []

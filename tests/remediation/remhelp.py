@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import copy
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from remediation.config import RunnerConfig, parse_config
-from tests.support import wait_for
 
 HERE = Path(__file__).parent
 PLAYBOOKS = HERE / "playbooks"
@@ -120,8 +117,6 @@ def payload(*alerts: dict[str, Any], status: str | None = None) -> dict[str, Any
     base["alerts"] = list(alerts)
     base["status"] = status or ("firing" if any(a["status"] == "firing" for a in alerts) else "resolved")
     return base
-
-
 
 
 def effect_lines(path: Path) -> list[str]:

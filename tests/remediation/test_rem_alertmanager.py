@@ -13,9 +13,10 @@ import httpx
 import pytest
 import uvicorn
 import yaml
-from remhelp import free_port, stop_pid, wait_for
+from remhelp import free_port, stop_pid
 
 from remediation.app import create_app
+from tests.support import wait_for
 
 AM_BIN = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
 pytestmark = [

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from remhelp import AUTH, alert, effect_lines, free_port, payload, stop_pid, wait_for, write_config
+from remhelp import AUTH, alert, effect_lines, free_port, payload, stop_pid, write_config
 
 from remediation.executor import find_plays, pid_is_play, stop_play
 from remediation.journal import Journal
+from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parents[2]

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autoheal.cli import JsonOpt
+from autoheal.errors import AutohealError
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
 
@@ -35,6 +36,7 @@ def _progress(msg: str) -> None:
 lab_app = typer.Typer(
     help="The local lab: real Slurm, Prometheus, Alertmanager, Kubernetes.", no_args_is_help=True
 )
+
 
 @lab_app.command("up")
 def lab_up(
@@ -207,8 +209,8 @@ def pool_retire(
     backfills them. --json prints one result per node."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from lab import pool
     from autoheal.names import validate_node_name
+    from lab import pool
 
     cfg = labmod.require(name, root)
     nodes = [validate_node_name(n, "--node") for n in node]
@@ -219,8 +221,6 @@ def pool_retire(
         return
     for n, res in zip(nodes, results, strict=True):
         console.print(f"{n}: {'retired' if res['changed'] else 'already retired'}")
-
-
 
 
 def register(app: typer.Typer) -> None:

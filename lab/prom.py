@@ -12,13 +12,13 @@ import httpx
 import yaml
 
 from autoheal.errors import LabError
-from lab import procs
-from lab.config import LabConfig
 from autoheal.monitoring import (
     render_alertmanager_config,
     render_prometheus_config,
     render_xid_rules,
 )
+from lab import procs
+from lab.config import LabConfig
 
 PROMETHEUS = "prometheus"
 ALERTMANAGER = "prometheus-alertmanager"

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from autoheal.errors import LabError
+from autoheal.slurmconf import render_gres_conf, render_slurm_conf
 from lab import procs
 from lab.config import LabConfig
-from autoheal.slurmconf import render_gres_conf, render_slurm_conf
 
 REQUIRED = {
     "munged": "munge",

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 
 import pytest
 
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
 from lab.sink import WebhookSink
-from tests.support import wait_for
 from tests.support import port_base
 
 PORT_BASE = port_base(27000)
@@ -56,5 +54,3 @@ def slurm(lab):
         return res.stdout
 
     return run
-
-

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.conftest import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.lab
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

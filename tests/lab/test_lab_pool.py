@@ -6,7 +6,7 @@ import pytest
 
 from autoheal.errors import LabError
 from lab import pool, procs
-from tests.lab.conftest import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.lab
 

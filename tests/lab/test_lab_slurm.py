@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from tests.lab.conftest import wait_for
+from tests.support import wait_for
 
 pytestmark = pytest.mark.lab
 

@@ -35,6 +35,18 @@ REMEDIATION_ANNOTATION: Final = f"{DOMAIN}/remediation"
 STATE_DIR_ANNOTATION: Final = f"{DOMAIN}/state-dir"
 TOKEN_SECRET_ANNOTATION: Final = f"{DOMAIN}/token-secret"  # noqa: S105 (a key name)
 
+# --- the objects the Pulumi components declare (the policy pack and the review read them) ------
+# Kubernetes' recommended labels, on every object of ours; COMPONENT_LABEL tells the policy pack
+# which object is a pool description, the Slurm controller or the remediation runner.
+NAME_LABEL: Final = "app.kubernetes.io/name"
+COMPONENT_LABEL: Final = "app.kubernetes.io/component"
+PART_OF_LABEL: Final = "app.kubernetes.io/part-of"
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+NODE_POOL_COMPONENT: Final = "node-pool"  # a GpuNodePool's description (ConfigMap)
+SLURMCTLD_COMPONENT: Final = "slurmctld"  # the Slurm controller (StatefulSet)
+RUNNER_COMPONENT: Final = "remediation-runner"  # the runner's Deployment, Service, RBAC
+CONFIG_HASH_ANNOTATION: Final = f"{DOMAIN}/config-hash"  # on pod templates: a config change rolls them
+
 # --- GPUs --------------------------------------------------------------------------------------
 GPU_RESOURCE: Final = "nvidia.com/gpu"  # extended resource; also the taint key of GPU pools
 GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"

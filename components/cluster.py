@@ -117,26 +117,46 @@ class KubernetesCluster(pulumi.ComponentResource):
         )
 
     def _eks(self, name: str, eks_args: EksArgs, mutable_config_maps: bool) -> k8s.Provider:
+        """An EKS control plane and its node role; the Kubernetes provider talks to it."""
         import pulumi_aws as aws  # big package: imported only when an EKS stack asks for it
 
         aws_provider = aws.Provider(f"{name}-aws", region=eks_args.region, opts=child(self))
         aws_opts = child(self, provider=aws_provider)
-
-        cluster_role = aws.iam.Role(
-            f"{name}-cluster-role",
-            assume_role_policy=_assume_role_policy("eks.amazonaws.com"),
-            tags=eks_args.tags,
-            opts=aws_opts,
+        cluster_role = _iam_role(
+            aws, f"{name}-cluster-role", "eks.amazonaws.com", _EKS_CLUSTER_POLICIES, eks_args, aws_opts
         )
-        attachments = [
-            aws.iam.RolePolicyAttachment(
-                f"{name}-cluster-role-{i}", role=cluster_role.name, policy_arn=arn, opts=aws_opts
-            )
-            for i, arn in enumerate(_EKS_CLUSTER_POLICIES)
-        ]
-        cluster = aws.eks.Cluster(
+        cluster = self._eks_cluster(aws, name, eks_args, cluster_role, aws_opts)
+        node_role = _iam_role(
+            aws, f"{name}-node-role", "ec2.amazonaws.com", _EKS_NODE_POLICIES, eks_args, aws_opts
+        )
+        # The kubeconfig holds no credential (it execs `aws eks get-token`) but is kept secret
+        # anyway; secrecy flows from one secret input of Output.all to the result.
+        kubeconfig: pulumi.Output[str] = pulumi.Output.all(
+            cluster.name,
+            cluster.endpoint,
+            cluster.certificate_authority,
+            pulumi.Output.secret(eks_args.region),
+        ).apply(lambda a: _eks_kubeconfig(a[0], a[1], a[2], a[3]))
+        self.eks = EksCluster(
+            cluster_name=cluster.name,
+            node_role_arn=node_role.role.arn,
+            subnet_ids=eks_args.subnet_ids,
+            aws_provider=aws_provider,
+        )
+        return k8s.Provider(
+            f"{name}-k8s",
+            kubeconfig=kubeconfig,
+            cluster_identifier=name,
+            enable_config_map_mutable=mutable_config_maps,
+            opts=child(self),
+        )
+
+    def _eks_cluster(
+        self, aws: Any, name: str, eks_args: EksArgs, role: _IamRole, aws_opts: pulumi.ResourceOptions
+    ) -> Any:
+        return aws.eks.Cluster(
             f"{name}-eks",
-            role_arn=cluster_role.arn,
+            role_arn=role.role.arn,
             version=eks_args.version,
             vpc_config=aws.eks.ClusterVpcConfigArgs(
                 subnet_ids=list(eks_args.subnet_ids),
@@ -149,39 +169,31 @@ class KubernetesCluster(pulumi.ComponentResource):
                 bootstrap_cluster_creator_admin_permissions=True,
             ),
             tags=eks_args.tags,
-            opts=child(self, provider=aws_provider, depends_on=attachments),
+            opts=pulumi.ResourceOptions.merge(aws_opts, pulumi.ResourceOptions(depends_on=role.attachments)),
         )
-        node_role = aws.iam.Role(
-            f"{name}-node-role",
-            assume_role_policy=_assume_role_policy("ec2.amazonaws.com"),
-            tags=eks_args.tags,
-            opts=aws_opts,
-        )
-        for i, arn in enumerate(_EKS_NODE_POLICIES):
-            aws.iam.RolePolicyAttachment(
-                f"{name}-node-role-{i}", role=node_role.name, policy_arn=arn, opts=aws_opts
-            )
-        # The kubeconfig holds no credential (it execs `aws eks get-token`) but is kept secret
-        # anyway; secrecy flows from one secret input of Output.all to the result.
-        kubeconfig: pulumi.Output[str] = pulumi.Output.all(
-            cluster.name,
-            cluster.endpoint,
-            cluster.certificate_authority,
-            pulumi.Output.secret(eks_args.region),
-        ).apply(lambda a: _eks_kubeconfig(a[0], a[1], a[2], a[3]))
-        self.eks = EksCluster(
-            cluster_name=cluster.name,
-            node_role_arn=node_role.arn,
-            subnet_ids=eks_args.subnet_ids,
-            aws_provider=aws_provider,
-        )
-        return k8s.Provider(
-            f"{name}-k8s",
-            kubeconfig=kubeconfig,
-            cluster_identifier=name,
-            enable_config_map_mutable=mutable_config_maps,
-            opts=child(self),
-        )
+
+
+@dataclass(frozen=True)
+class _IamRole:
+    role: Any
+    attachments: list[Any]
+
+
+def _iam_role(
+    aws: Any,
+    name: str,
+    service: str,
+    policies: Sequence[str],
+    eks_args: EksArgs,
+    opts: pulumi.ResourceOptions,
+) -> _IamRole:
+    """An IAM role `service` may assume, with the AWS managed policies attached."""
+    role = aws.iam.Role(name, assume_role_policy=_assume_role_policy(service), tags=eks_args.tags, opts=opts)
+    attachments = [
+        aws.iam.RolePolicyAttachment(f"{name}-{i}", role=role.name, policy_arn=arn, opts=opts)
+        for i, arn in enumerate(policies)
+    ]
+    return _IamRole(role, attachments)
 
 
 def _assume_role_policy(service: str) -> str:

@@ -1,8 +1,8 @@
-"""Shared vocabulary of the Pulumi components: label keys, taints, and child-naming helpers.
+"""What every component shares: taints, the recommended labels, child options, config hashes.
 
-The runbook, the pool controller and the policy pack all read the same label and taint keys off
-Kubernetes objects, so they are spelled once here instead of in each component. Nothing in this
-module creates resources or reads `pulumi.Config`: components take plain arguments.
+Label, taint and annotation keys are not defined here: they are part of the contract with the
+runbook, the runner and the lab, so they live once in `autoheal.labels`. Nothing in this module
+creates resources or reads `pulumi.Config`: components take plain arguments.
 """
 
 from __future__ import annotations
@@ -15,24 +15,10 @@ from typing import Any, Literal
 import pulumi
 import pulumi_kubernetes as k8s
 
-LABEL_PREFIX = "autoheal.io"
-POOL_LABEL = f"{LABEL_PREFIX}/pool"
-GPU_MODEL_LABEL = f"{LABEL_PREFIX}/gpu-model"
-SPARE_LABEL = f"{LABEL_PREFIX}/spare"
-SPARE_TAINT_KEY = f"{LABEL_PREFIX}/spare"
-WAIVER_ANNOTATION = f"{LABEL_PREFIX}/policy-waiver"
-REMEDIATION_ANNOTATION = f"{LABEL_PREFIX}/remediation"
-STATE_DIR_ANNOTATION = f"{LABEL_PREFIX}/state-dir"
-CONFIG_HASH_ANNOTATION = f"{LABEL_PREFIX}/config-hash"
+from autoheal import labels as lb
+
+# Pulumi's own annotation (pulumi-kubernetes): do not wait for the object to become ready.
 SKIP_AWAIT_ANNOTATION = "pulumi.com/skipAwait"
-
-COMPONENT_LABEL = "app.kubernetes.io/component"
-NAME_LABEL = "app.kubernetes.io/name"
-PART_OF_LABEL = "app.kubernetes.io/part-of"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-
-NODE_POOL_COMPONENT = "node-pool"
-GPU_RESOURCE = "nvidia.com/gpu"
 
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
@@ -44,6 +30,12 @@ class Taint:
     key: str
     effect: TaintEffect = "NoSchedule"
     value: str | None = None
+
+    @classmethod
+    def of(cls, spec: dict[str, str]) -> Taint:
+        """From the dict shape `autoheal.labels` spells taints in."""
+        effect: Any = spec.get("effect", "NoSchedule")
+        return cls(key=spec["key"], value=spec.get("value"), effect=effect)
 
     def toleration(self) -> k8s.core.v1.TolerationArgs:
         if self.value is None:
@@ -59,22 +51,43 @@ class Taint:
         return out
 
 
-SPARE_TAINT = Taint(key=SPARE_TAINT_KEY, value="true", effect="NoSchedule")
+SPARE_TAINT = Taint.of(lb.spare_taint())
 
 
 def base_labels(name: str, component: str) -> dict[str, str]:
     """The recommended Kubernetes labels every object of ours carries."""
     return {
-        NAME_LABEL: name,
-        COMPONENT_LABEL: component,
-        PART_OF_LABEL: "autoheal",
-        MANAGED_BY_LABEL: "pulumi",
+        lb.NAME_LABEL: name,
+        lb.COMPONENT_LABEL: component,
+        lb.PART_OF_LABEL: "autoheal",
+        lb.MANAGED_BY_LABEL: "pulumi",
     }
 
 
 def child(parent: pulumi.Resource, **kwargs: Any) -> pulumi.ResourceOptions:
     """Options for a component's child: always parented, so the provider and aliases flow down."""
     return pulumi.ResourceOptions(parent=parent, **kwargs)
+
+
+class SubComponent(pulumi.ComponentResource):
+    """A component carved out of a bigger one, whose resources used to be the parent's children.
+
+    Moving a resource under a new parent changes its URN, which Pulumi reads as "delete the old,
+    create a new" (a replacement: for a StatefulSet or a PVC, lost state). `adopt()` gives each
+    moved resource an alias to its former parent, so an existing stack previews no replacement.
+    """
+
+    def __init__(self, type_: str, name: str, owner: str, opts: pulumi.ResourceOptions | None) -> None:
+        super().__init__(type_, name, None, opts)
+        # Children keep the logical names they had under the parent (`<owner>-...`): a new name
+        # would be a replacement too.
+        self.owner = owner
+        self._former_parent = opts.parent if opts is not None else None
+
+    def adopt(self, **kwargs: Any) -> pulumi.ResourceOptions:
+        """Options for a child that used to belong to this component's parent."""
+        aliases = [pulumi.Alias(parent=self._former_parent)] if self._former_parent is not None else []
+        return child(self, aliases=aliases, **kwargs)
 
 
 def await_annotations(wait_for_rollout: bool) -> dict[str, str]:

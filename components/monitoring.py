@@ -25,19 +25,17 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
+from autoheal import labels as lb
 from autoheal.monitoring import render_alertmanager_config, render_xid_rules
-from components.common import (
-    POOL_LABEL,
-    SecretRef,
-    await_annotations,
-    base_labels,
-    child,
-)
+from components import kube
+from components.common import SecretRef, await_annotations, base_labels, child
 
 DCGM_PORT = 9400
 DEFAULT_DCGM_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
-TOKEN_SECRET_ANNOTATION = "autoheal.io/token-secret"  # noqa: S105 (a key name)
-ALERTMANAGER_CONFIG_LABEL = "autoheal.io/alertmanager-config"
+POD_RESOURCES_DIR = (
+    "/var/lib/kubelet/pod-resources"  # the kubelet tells dcgm-exporter which pod has which GPU
+)
+PROMETHEUS_OPERATOR = "monitoring.coreos.com"
 
 
 @dataclass(frozen=True)
@@ -104,7 +102,17 @@ def alertmanager_config_spec(am: dict[str, Any], secret_name: str, secret_key: s
     return {"route": routes[0], "receivers": receivers}
 
 
+DCGM_LABELS = base_labels("dcgm-exporter", "gpu-metrics")
+RULE_LABELS = base_labels("autoheal-xid-rules", "alert-rules")
+ALERTMANAGER_LABELS = {
+    **base_labels("autoheal-alertmanager", "alert-routing"),
+    lb.ALERTMANAGER_CONFIG_LABEL: "true",
+}
+
+
 class GpuMonitoring(pulumi.ComponentResource):
+    """dcgm-exporter, the XID rules and the route to the runner; see the module docstring."""
+
     rules: dict[str, Any]
     dcgm_exporter: k8s.apps.v1.DaemonSet
 
@@ -112,180 +120,132 @@ class GpuMonitoring(pulumi.ComponentResource):
         self, name: str, args: GpuMonitoringArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("autoheal:monitoring:GpuMonitoring", name, None, opts)
-        ns = args.namespace
-        skip = await_annotations(args.wait_for_rollout)
-        dcgm_labels = base_labels("dcgm-exporter", "gpu-metrics")
+        self._name, self._args = name, args
+        self.dcgm_exporter = self._dcgm_exporter(await_annotations(args.wait_for_rollout))
+        self.rules = render_xid_rules()
+        alertmanager = self._alertmanager_config()
+        if args.prometheus_operator:
+            self._operator_objects(alertmanager)
+        else:
+            self._config_files(alertmanager)
+        self.register_outputs({"ruleGroups": [g["name"] for g in self.rules["groups"]]})
 
-        self.dcgm_exporter = k8s.apps.v1.DaemonSet(
-            f"{name}-dcgm-exporter",
-            metadata=k8s.meta.v1.ObjectMetaArgs(
-                name="dcgm-exporter", namespace=ns, labels=dcgm_labels, annotations=skip or None
-            ),
+    def _dcgm_exporter(self, skip: dict[str, str]) -> k8s.apps.v1.DaemonSet:
+        """On every node of a GPU pool (the pool label exists), whatever its taints: spares,
+        quarantined and draining nodes are exactly the ones whose GPUs must stay visible."""
+        ns = self._args.namespace
+        pod = k8s.core.v1.PodSpecArgs(
+            affinity=kube.required_node_affinity([kube.node_has(lb.POOL_LABEL)]),
+            tolerations=[k8s.core.v1.TolerationArgs(operator="Exists")],
+            containers=[_dcgm_container(self._args.dcgm_image)],
+            volumes=[
+                k8s.core.v1.VolumeArgs(
+                    name="pod-resources",
+                    host_path=k8s.core.v1.HostPathVolumeSourceArgs(path=POD_RESOURCES_DIR, type="Directory"),
+                )
+            ],
+        )
+        scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(DCGM_PORT)}
+        daemon_set = k8s.apps.v1.DaemonSet(
+            f"{self._name}-dcgm-exporter",
+            metadata=kube.meta("dcgm-exporter", ns, DCGM_LABELS, skip),
             spec=k8s.apps.v1.DaemonSetSpecArgs(
-                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dcgm_labels),
-                template=k8s.core.v1.PodTemplateSpecArgs(
-                    metadata=k8s.meta.v1.ObjectMetaArgs(
-                        labels=dcgm_labels,
-                        annotations={
-                            "prometheus.io/scrape": "true",
-                            "prometheus.io/port": str(DCGM_PORT),
-                        },
-                    ),
-                    spec=k8s.core.v1.PodSpecArgs(
-                        affinity=k8s.core.v1.AffinityArgs(
-                            node_affinity=k8s.core.v1.NodeAffinityArgs(
-                                required_during_scheduling_ignored_during_execution=k8s.core.v1.NodeSelectorArgs(
-                                    node_selector_terms=[
-                                        k8s.core.v1.NodeSelectorTermArgs(
-                                            match_expressions=[
-                                                k8s.core.v1.NodeSelectorRequirementArgs(
-                                                    key=POOL_LABEL, operator="Exists"
-                                                )
-                                            ]
-                                        )
-                                    ]
-                                )
-                            )
-                        ),
-                        tolerations=[k8s.core.v1.TolerationArgs(operator="Exists")],
-                        containers=[
-                            k8s.core.v1.ContainerArgs(
-                                name="dcgm-exporter",
-                                image=args.dcgm_image,
-                                env=[
-                                    k8s.core.v1.EnvVarArgs(name="DCGM_EXPORTER_KUBERNETES", value="true"),
-                                    k8s.core.v1.EnvVarArgs(
-                                        name="DCGM_EXPORTER_LISTEN", value=f":{DCGM_PORT}"
-                                    ),
-                                    k8s.core.v1.EnvVarArgs(
-                                        name="NODE_NAME",
-                                        value_from=k8s.core.v1.EnvVarSourceArgs(
-                                            field_ref=k8s.core.v1.ObjectFieldSelectorArgs(
-                                                field_path="spec.nodeName"
-                                            )
-                                        ),
-                                    ),
-                                ],
-                                ports=[
-                                    k8s.core.v1.ContainerPortArgs(name="metrics", container_port=DCGM_PORT)
-                                ],
-                                security_context=k8s.core.v1.SecurityContextArgs(
-                                    capabilities=k8s.core.v1.CapabilitiesArgs(add=["SYS_ADMIN"])
-                                ),
-                                readiness_probe=k8s.core.v1.ProbeArgs(
-                                    http_get=k8s.core.v1.HTTPGetActionArgs(path="/health", port=DCGM_PORT),
-                                    period_seconds=10,
-                                ),
-                                liveness_probe=k8s.core.v1.ProbeArgs(
-                                    http_get=k8s.core.v1.HTTPGetActionArgs(path="/health", port=DCGM_PORT),
-                                    initial_delay_seconds=45,
-                                    period_seconds=20,
-                                ),
-                                volume_mounts=[
-                                    k8s.core.v1.VolumeMountArgs(
-                                        name="pod-resources",
-                                        mount_path="/var/lib/kubelet/pod-resources",
-                                        read_only=True,
-                                    )
-                                ],
-                            )
-                        ],
-                        volumes=[
-                            k8s.core.v1.VolumeArgs(
-                                name="pod-resources",
-                                host_path=k8s.core.v1.HostPathVolumeSourceArgs(
-                                    path="/var/lib/kubelet/pod-resources", type="Directory"
-                                ),
-                            )
-                        ],
-                    ),
-                ),
+                selector=kube.selector(DCGM_LABELS), template=kube.template(DCGM_LABELS, pod, scrape)
             ),
             opts=child(self),
         )
         k8s.core.v1.Service(
-            f"{name}-dcgm-exporter",
-            metadata=k8s.meta.v1.ObjectMetaArgs(
-                name="dcgm-exporter", namespace=ns, labels=dcgm_labels, annotations=skip or None
-            ),
-            spec=k8s.core.v1.ServiceSpecArgs(
-                cluster_ip="None",
-                selector=dcgm_labels,
-                ports=[k8s.core.v1.ServicePortArgs(name="metrics", port=DCGM_PORT)],
-            ),
+            f"{self._name}-dcgm-exporter",
+            metadata=kube.meta("dcgm-exporter", ns, DCGM_LABELS, skip),
+            spec=kube.headless_service(DCGM_LABELS, "metrics", DCGM_PORT),
             opts=child(self),
         )
+        return daemon_set
 
-        self.rules = render_xid_rules()
-        rule_labels = base_labels("autoheal-xid-rules", "alert-rules")
+    def _alertmanager_config(self) -> pulumi.Output[dict[str, Any]]:
+        """The receiver and route of `render_alertmanager_config`, with the token file where
+        Alertmanager mounts the runner's Secret (`<secrets_dir>/<secret>/<key>`)."""
+        args = self._args
         secret = args.token_secret
-        am_labels = {
-            **base_labels("autoheal-alertmanager", "alert-routing"),
-            ALERTMANAGER_CONFIG_LABEL: "true",
-        }
 
-        def am_config(url: str, secret_name: str) -> dict[str, Any]:
-            token_file = f"{args.alertmanager_secrets_dir}/{secret_name}/{secret.key}"
+        def render(url: str, secret_name: str) -> dict[str, Any]:
             return render_alertmanager_config(
                 url,
-                token_file,
+                f"{args.alertmanager_secrets_dir}/{secret_name}/{secret.key}",
                 group_wait=args.group_wait,
                 group_interval=args.group_interval,
                 repeat_interval=args.repeat_interval,
             )
 
-        am = pulumi.Output.all(args.webhook_url, secret.name).apply(lambda a: am_config(a[0], a[1]))
+        return pulumi.Output.all(args.webhook_url, secret.name).apply(lambda a: render(a[0], a[1]))
+
+    def _operator_objects(self, alertmanager: pulumi.Output[dict[str, Any]]) -> None:
+        """With the Prometheus Operator: a PrometheusRule, a ServiceMonitor and an
+        AlertmanagerConfig whose credentials select the runner's token Secret."""
+        secret = self._args.token_secret
+        monitor = {
+            "selector": {"matchLabels": DCGM_LABELS},
+            "endpoints": [{"port": "metrics", "interval": "15s"}],
+        }
+        route = pulumi.Output.all(alertmanager, secret.name).apply(
+            lambda a: alertmanager_config_spec(a[0], a[1], secret.key)
+        )
+        self._custom("xid-rules", "v1", "PrometheusRule", "autoheal-xid-rules", RULE_LABELS, self.rules)
+        self._custom("dcgm-monitor", "v1", "ServiceMonitor", "dcgm-exporter", DCGM_LABELS, monitor)
+        self._custom(
+            "alertmanager", "v1alpha1", "AlertmanagerConfig", "autoheal-runner", ALERTMANAGER_LABELS, route
+        )
+
+    def _custom(
+        self, suffix: str, version: str, kind: str, obj: str, labels: dict[str, str], spec: pulumi.Input[Any]
+    ) -> None:
+        k8s.apiextensions.CustomResource(
+            f"{self._name}-{suffix}",
+            api_version=f"{PROMETHEUS_OPERATOR}/{version}",
+            kind=kind,
+            metadata=kube.meta(obj, self._args.namespace, labels),
+            spec=spec,
+            opts=child(self),
+        )
+
+    def _config_files(self, alertmanager: pulumi.Output[dict[str, Any]]) -> None:
+        """Without the operator: ConfigMaps for a Prometheus and an Alertmanager that load files;
+        the annotation names the token Secret Alertmanager must mount."""
+        ns, secret = self._args.namespace, self._args.token_secret
+        k8s.core.v1.ConfigMap(
+            f"{self._name}-xid-rules",
+            metadata=kube.meta("autoheal-xid-rules", ns, RULE_LABELS),
+            data={"xid.rules.yml": yaml.safe_dump(self.rules, sort_keys=False)},
+            opts=child(self),
+        )
         secret_annotation = pulumi.Output.concat(secret.namespace, "/", secret.name)
-        if args.prometheus_operator:
-            k8s.apiextensions.CustomResource(
-                f"{name}-xid-rules",
-                api_version="monitoring.coreos.com/v1",
-                kind="PrometheusRule",
-                metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name="autoheal-xid-rules", namespace=ns, labels=rule_labels
-                ),
-                spec=self.rules,
-                opts=child(self),
-            )
-            k8s.apiextensions.CustomResource(
-                f"{name}-dcgm-monitor",
-                api_version="monitoring.coreos.com/v1",
-                kind="ServiceMonitor",
-                metadata=k8s.meta.v1.ObjectMetaArgs(name="dcgm-exporter", namespace=ns, labels=dcgm_labels),
-                spec={
-                    "selector": {"matchLabels": dcgm_labels},
-                    "endpoints": [{"port": "metrics", "interval": "15s"}],
-                },
-                opts=child(self),
-            )
-            k8s.apiextensions.CustomResource(
-                f"{name}-alertmanager",
-                api_version="monitoring.coreos.com/v1alpha1",
-                kind="AlertmanagerConfig",
-                metadata=k8s.meta.v1.ObjectMetaArgs(name="autoheal-runner", namespace=ns, labels=am_labels),
-                spec=pulumi.Output.all(am, secret.name).apply(
-                    lambda a: alertmanager_config_spec(a[0], a[1], secret.key)
-                ),
-                opts=child(self),
-            )
-        else:
-            k8s.core.v1.ConfigMap(
-                f"{name}-xid-rules",
-                metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name="autoheal-xid-rules", namespace=ns, labels=rule_labels
-                ),
-                data={"xid.rules.yml": yaml.safe_dump(self.rules, sort_keys=False)},
-                opts=child(self),
-            )
-            k8s.core.v1.ConfigMap(
-                f"{name}-alertmanager",
-                metadata=k8s.meta.v1.ObjectMetaArgs(
-                    name="autoheal-alertmanager",
-                    namespace=ns,
-                    labels=am_labels,
-                    annotations={TOKEN_SECRET_ANNOTATION: secret_annotation},
-                ),
-                data={"alertmanager.yml": am.apply(lambda c: yaml.safe_dump(c, sort_keys=False))},
-                opts=child(self),
-            )
-        self.register_outputs({"ruleGroups": [g["name"] for g in self.rules["groups"]]})
+        k8s.core.v1.ConfigMap(
+            f"{self._name}-alertmanager",
+            metadata=kube.meta(
+                "autoheal-alertmanager",
+                ns,
+                ALERTMANAGER_LABELS,
+                {lb.TOKEN_SECRET_ANNOTATION: secret_annotation},
+            ),
+            data={"alertmanager.yml": alertmanager.apply(lambda c: yaml.safe_dump(c, sort_keys=False))},
+            opts=child(self),
+        )
+
+
+def _dcgm_container(image: str) -> k8s.core.v1.ContainerArgs:
+    return k8s.core.v1.ContainerArgs(
+        name="dcgm-exporter",
+        image=image,
+        env=[
+            kube.env("DCGM_EXPORTER_KUBERNETES", "true"),
+            kube.env("DCGM_EXPORTER_LISTEN", f":{DCGM_PORT}"),
+            kube.field_env("NODE_NAME", "spec.nodeName"),
+        ],
+        ports=[k8s.core.v1.ContainerPortArgs(name="metrics", container_port=DCGM_PORT)],
+        security_context=k8s.core.v1.SecurityContextArgs(
+            capabilities=k8s.core.v1.CapabilitiesArgs(add=["SYS_ADMIN"])
+        ),
+        readiness_probe=kube.http_probe("/health", DCGM_PORT, period=10),
+        liveness_probe=kube.http_probe("/health", DCGM_PORT, period=20, initial=45),
+        volume_mounts=[kube.mount("pod-resources", POD_RESOURCES_DIR, read_only=True)],
+    )

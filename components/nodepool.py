@@ -33,21 +33,11 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
+from autoheal import labels as lb
 from autoheal.names import is_node_name
 from autoheal.slurmconf import SlurmPool
 from components.cluster import EksCluster
-from components.common import (
-    GPU_MODEL_LABEL,
-    NODE_POOL_COMPONENT,
-    POOL_LABEL,
-    REMEDIATION_ANNOTATION,
-    SPARE_LABEL,
-    SPARE_TAINT,
-    WAIVER_ANNOTATION,
-    Taint,
-    base_labels,
-    child,
-)
+from components.common import SPARE_TAINT, Taint, base_labels, child
 
 _EKS_TAINT_EFFECTS = {
     "NoSchedule": "NO_SCHEDULE",
@@ -135,21 +125,21 @@ class GpuNodePool(pulumi.ComponentResource):
             cpus=args.cpus,
             real_memory_mb=args.real_memory_mb,
         )
-        self.node_labels = {**args.labels, POOL_LABEL: args.name, GPU_MODEL_LABEL: args.gpu_model}
+        self.node_labels = {**args.labels, lb.POOL_LABEL: args.name, lb.GPU_MODEL_LABEL: args.gpu_model}
         self.placement = PoolPlacement(
             pool=self.slurm_pool,
-            selector={POOL_LABEL: args.name},
+            selector={lb.POOL_LABEL: args.name},
             taints=(*args.taints, SPARE_TAINT),
         )
-        annotations = {REMEDIATION_ANNOTATION: "enabled" if args.remediation else "disabled"}
+        annotations = {lb.REMEDIATION_ANNOTATION: "enabled" if args.remediation else "disabled"}
         if args.waiver:
-            annotations[WAIVER_ANNOTATION] = args.waiver
+            annotations[lb.POLICY_WAIVER_ANNOTATION] = args.waiver
         self.config_map = k8s.core.v1.ConfigMap(
             f"{name}-pool",
             metadata=k8s.meta.v1.ObjectMetaArgs(
                 name=f"autoheal-pool-{args.name}",
                 namespace=args.namespace,
-                labels={**base_labels("autoheal-pool", NODE_POOL_COMPONENT), POOL_LABEL: args.name},
+                labels={**base_labels("autoheal-pool", lb.NODE_POOL_COMPONENT), lb.POOL_LABEL: args.name},
                 annotations=annotations,
             ),
             data={"pool.json": describe_pool(args, self.slurm_pool, self.node_labels)},
@@ -190,7 +180,7 @@ class GpuNodePool(pulumi.ComponentResource):
                 aws.eks.NodeGroupTaintArgs(key=t.key, value=t.value, effect=_EKS_TAINT_EFFECTS[t.effect])
                 for t in args.taints
             ],
-            tags={"autoheal.io/pool": args.name},
+            tags={lb.POOL_LABEL: args.name},
             opts=child(self, provider=cluster.aws_provider),
         )
         return group
@@ -210,7 +200,7 @@ def describe_pool(args: GpuNodePoolArgs, pool: SlurmPool, node_labels: Mapping[s
         "nodeLabels": dict(sorted(node_labels.items())),
         "taints": [t.as_dict() for t in args.taints],
         "spare": {
-            "label": {"key": SPARE_LABEL, "value": "true"},
+            "label": {"key": lb.SPARE_LABEL, "value": "true"},
             "taint": SPARE_TAINT.as_dict(),
         },
         "nodeNames": {

@@ -28,15 +28,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from components.common import (
-    CONFIG_HASH_ANNOTATION,
-    STATE_DIR_ANNOTATION,
-    SecretRef,
-    await_annotations,
-    base_labels,
-    child,
-    content_hash,
-)
+from autoheal import labels as lb
+from components import kube
+from components.common import SecretRef, await_annotations, base_labels, child, content_hash
 from components.secrets import RandomSecret
 
 RUNNER_NAME = "autoheal-runner"
@@ -83,7 +77,20 @@ class RemediationRunnerArgs:
                 raise ValueError(f"playbook {fname!r}: a file name ending in .yml or .yaml")
 
 
+@dataclass(frozen=True)
+class _RunnerFiles:
+    """What the runner's pod mounts, by object name."""
+
+    token_secret: pulumi.Input[str]
+    config_map: pulumi.Input[str]
+    playbooks_map: pulumi.Input[str]
+    journal_claim: pulumi.Input[str]
+    config_hash: str
+
+
 class RemediationRunner(pulumi.ComponentResource):
+    """The runner: identity and RBAC, token, config, journal, workload, service (see above)."""
+
     webhook_url: pulumi.Output[str]
     token_secret: SecretRef
     service_account_name: pulumi.Output[str]
@@ -94,17 +101,35 @@ class RemediationRunner(pulumi.ComponentResource):
     ) -> None:
         super().__init__("autoheal:runner:RemediationRunner", name, None, opts)
         args.validate()
-        ns = args.namespace
-        labels = base_labels(RUNNER_NAME, "remediation-runner")
+        self._name, self._args = name, args
+        self.labels = base_labels(RUNNER_NAME, lb.RUNNER_COMPONENT)
+        skip = await_annotations(args.wait_for_rollout)
+        self.service_account_name = self._identity()
+        token = self._token()
+        config_map, playbooks, config_hash = self._config()
+        journal = self._journal(skip)
+        files = _RunnerFiles(token, config_map, playbooks, journal, config_hash)
+        self._workload(files, skip)
+        self.webhook_url = self._service(skip)
+        self.register_outputs(
+            {
+                "webhookUrl": self.webhook_url,
+                "tokenSecret": self.token_secret.name,
+                "serviceAccount": self.service_account_name,
+            }
+        )
 
-        def meta(obj: str, **kw: Any) -> k8s.meta.v1.ObjectMetaArgs:
-            return k8s.meta.v1.ObjectMetaArgs(name=obj, namespace=ns, labels=labels, **kw)
+    def _meta(self, obj: str, annotations: dict[str, str] | None = None) -> k8s.meta.v1.ObjectMetaArgs:
+        return kube.meta(obj, self._args.namespace, self.labels, annotations)
 
-        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=meta(RUNNER_NAME), opts=child(self))
-        self.service_account_name = sa.metadata.name
+    def _identity(self) -> pulumi.Output[str]:
+        """A ServiceAccount bound to a ClusterRole that grants RUNNER_RBAC_RULES, nothing more."""
+        sa = k8s.core.v1.ServiceAccount(
+            f"{self._name}-sa", metadata=self._meta(RUNNER_NAME), opts=child(self)
+        )
         self.cluster_role = k8s.rbac.v1.ClusterRole(
-            f"{name}-role",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=RUNNER_NAME, labels=labels),
+            f"{self._name}-role",
+            metadata=kube.meta(RUNNER_NAME, None, self.labels),
             rules=[
                 k8s.rbac.v1.PolicyRuleArgs(
                     api_groups=list(groups), resources=list(resources), verbs=list(verbs)
@@ -114,171 +139,143 @@ class RemediationRunner(pulumi.ComponentResource):
             opts=child(self),
         )
         k8s.rbac.v1.ClusterRoleBinding(
-            f"{name}-binding",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=RUNNER_NAME, labels=labels),
+            f"{self._name}-binding",
+            metadata=kube.meta(RUNNER_NAME, None, self.labels),
             role_ref=k8s.rbac.v1.RoleRefArgs(
                 api_group="rbac.authorization.k8s.io",
                 kind="ClusterRole",
                 name=self.cluster_role.metadata.name,
             ),
-            subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=sa.metadata.name, namespace=ns)],
+            subjects=[
+                k8s.rbac.v1.SubjectArgs(
+                    kind="ServiceAccount", name=sa.metadata.name, namespace=self._args.namespace
+                )
+            ],
             opts=child(self),
         )
+        return sa.metadata.name
 
-        password = RandomSecret(f"{name}-token", length=args.token_bytes, opts=child(self))
+    def _token(self) -> pulumi.Output[str]:
+        """The webhook's bearer token, generated into a Secret the runner and Alertmanager share."""
+        password = RandomSecret(f"{self._name}-token", length=self._args.token_bytes, opts=child(self))
         token = k8s.core.v1.Secret(
-            f"{name}-token",
-            metadata=meta(TOKEN_SECRET_NAME),
+            f"{self._name}-token",
+            metadata=self._meta(TOKEN_SECRET_NAME),
             type="Opaque",
             string_data={TOKEN_KEY: password.token},
             opts=child(self, additional_secret_outputs=["stringData", "data"]),
         )
-        self.token_secret = SecretRef(name=token.metadata.name, key=TOKEN_KEY, namespace=ns)
+        self.token_secret = SecretRef(name=token.metadata.name, key=TOKEN_KEY, namespace=self._args.namespace)
+        return token.metadata.name
 
-        # The runner's own config file (remediation.config.RunnerConfig): the keys that describe
-        # this deployment's layout are set here; everything else passes through from `settings`.
-        settings = {
-            **args.settings,
-            "listen_host": "0.0.0.0",  # noqa: S104 (inside the pod, behind the Service)
-            "listen_port": args.port,
-            "token_file": f"{TOKEN_DIR}/{TOKEN_KEY}",
-            "journal_path": f"{JOURNAL_DIR}/journal.sqlite",
-            "state_dir": f"{JOURNAL_DIR}/state",
-            "rules_file": f"{CONFIG_DIR}/rules.yaml",
-            "playbook_dir": PLAYBOOK_DIR,
-            "dry_run": args.dry_run,
-        }
-        config_data = {
+    def _config(self) -> tuple[pulumi.Output[str], pulumi.Output[str], str]:
+        """The routing rules and runner.yaml, and the entry playbooks, as two ConfigMaps."""
+        args = self._args
+        data = {
             "rules.yaml": args.rules_yaml,
-            "runner.yaml": yaml.safe_dump(settings, sort_keys=True),
+            "runner.yaml": yaml.safe_dump(runner_settings(args), sort_keys=True),
         }
         config = k8s.core.v1.ConfigMap(
-            f"{name}-config",
-            metadata=meta(f"{RUNNER_NAME}-config"),
-            data=config_data,
-            opts=child(self),
+            f"{self._name}-config", metadata=self._meta(f"{RUNNER_NAME}-config"), data=data, opts=child(self)
         )
         playbooks = k8s.core.v1.ConfigMap(
-            f"{name}-playbooks",
-            metadata=meta(f"{RUNNER_NAME}-playbooks"),
+            f"{self._name}-playbooks",
+            metadata=self._meta(f"{RUNNER_NAME}-playbooks"),
             data=dict(sorted(args.playbooks.items())),
             opts=child(self),
         )
-        skip = await_annotations(args.wait_for_rollout)
+        return config.metadata.name, playbooks.metadata.name, content_hash(data, args.playbooks)
+
+    def _journal(self, skip: dict[str, str]) -> pulumi.Output[str]:
+        """The incident journal's claim: nothing is acknowledged before it is on disk."""
+        args = self._args
         journal = k8s.core.v1.PersistentVolumeClaim(
-            f"{name}-journal",
-            metadata=meta(f"{RUNNER_NAME}-journal", annotations=skip or None),
-            spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
-                access_modes=["ReadWriteOnce"],
-                storage_class_name=args.journal_storage_class,
-                resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": args.journal_size}),
-            ),
+            f"{self._name}-journal",
+            metadata=self._meta(f"{RUNNER_NAME}-journal", skip),
+            spec=kube.claim_spec("ReadWriteOnce", args.journal_size, args.journal_storage_class),
             opts=child(self),
         )
-        http_probe = k8s.core.v1.HTTPGetActionArgs(path="/healthz", port="http")
-        k8s.apps.v1.Deployment(
-            f"{name}-deployment",
-            metadata=meta(RUNNER_NAME, annotations={STATE_DIR_ANNOTATION: JOURNAL_DIR, **skip}),
+        return journal.metadata.name
+
+    def _workload(self, files: _RunnerFiles, skip: dict[str, str]) -> k8s.apps.v1.Deployment:
+        pod = k8s.core.v1.PodSpecArgs(
+            service_account_name=self.service_account_name,
+            security_context=k8s.core.v1.PodSecurityContextArgs(
+                run_as_non_root=True, run_as_user=10001, fs_group=10001
+            ),
+            containers=[_runner_container(self._args)],
+            volumes=[
+                kube.secret_volume("token", files.token_secret),
+                kube.config_map_volume("config", files.config_map),
+                kube.config_map_volume("playbooks", files.playbooks_map),
+                kube.pvc_volume("journal", files.journal_claim),
+            ],
+        )
+        return k8s.apps.v1.Deployment(
+            f"{self._name}-deployment",
+            metadata=self._meta(RUNNER_NAME, {lb.STATE_DIR_ANNOTATION: JOURNAL_DIR, **skip}),
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 replicas=1,  # one writer of the SQLite journal and of the per-node locks
                 strategy=k8s.apps.v1.DeploymentStrategyArgs(type="Recreate"),
-                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=labels),
-                template=k8s.core.v1.PodTemplateSpecArgs(
-                    metadata=k8s.meta.v1.ObjectMetaArgs(
-                        labels=labels,
-                        annotations={CONFIG_HASH_ANNOTATION: content_hash(config_data, args.playbooks)},
-                    ),
-                    spec=k8s.core.v1.PodSpecArgs(
-                        service_account_name=sa.metadata.name,
-                        security_context=k8s.core.v1.PodSecurityContextArgs(
-                            run_as_non_root=True, run_as_user=10001, fs_group=10001
-                        ),
-                        containers=[
-                            k8s.core.v1.ContainerArgs(
-                                name="runner",
-                                image=args.image,
-                                command=["autoheal", "serve", "--config", f"{CONFIG_DIR}/runner.yaml"],
-                                env=[
-                                    k8s.core.v1.EnvVarArgs(
-                                        name="AUTOHEAL_TOKEN_FILE", value=f"{TOKEN_DIR}/{TOKEN_KEY}"
-                                    ),
-                                    k8s.core.v1.EnvVarArgs(
-                                        name="AUTOHEAL_DRY_RUN", value=str(args.dry_run).lower()
-                                    ),
-                                ],
-                                ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=args.port)],
-                                volume_mounts=[
-                                    k8s.core.v1.VolumeMountArgs(
-                                        name="token", mount_path=TOKEN_DIR, read_only=True
-                                    ),
-                                    k8s.core.v1.VolumeMountArgs(
-                                        name="config", mount_path=CONFIG_DIR, read_only=True
-                                    ),
-                                    k8s.core.v1.VolumeMountArgs(
-                                        name="playbooks",
-                                        mount_path=PLAYBOOK_DIR,
-                                        read_only=True,
-                                    ),
-                                    k8s.core.v1.VolumeMountArgs(name="journal", mount_path=JOURNAL_DIR),
-                                ],
-                                readiness_probe=k8s.core.v1.ProbeArgs(http_get=http_probe, period_seconds=5),
-                                liveness_probe=k8s.core.v1.ProbeArgs(
-                                    http_get=http_probe,
-                                    initial_delay_seconds=15,
-                                    period_seconds=20,
-                                ),
-                                security_context=k8s.core.v1.SecurityContextArgs(
-                                    allow_privilege_escalation=False,
-                                    read_only_root_filesystem=True,
-                                ),
-                            )
-                        ],
-                        volumes=[
-                            k8s.core.v1.VolumeArgs(
-                                name="token",
-                                secret=k8s.core.v1.SecretVolumeSourceArgs(
-                                    secret_name=token.metadata.name, default_mode=0o400
-                                ),
-                            ),
-                            k8s.core.v1.VolumeArgs(
-                                name="config",
-                                config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(name=config.metadata.name),
-                            ),
-                            k8s.core.v1.VolumeArgs(
-                                name="playbooks",
-                                config_map=k8s.core.v1.ConfigMapVolumeSourceArgs(
-                                    name=playbooks.metadata.name
-                                ),
-                            ),
-                            k8s.core.v1.VolumeArgs(
-                                name="journal",
-                                persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
-                                    claim_name=journal.metadata.name
-                                ),
-                            ),
-                        ],
-                    ),
-                ),
+                selector=kube.selector(self.labels),
+                template=kube.template(self.labels, pod, {lb.CONFIG_HASH_ANNOTATION: files.config_hash}),
             ),
             opts=child(self),
         )
+
+    def _service(self, skip: dict[str, str]) -> pulumi.Output[str]:
+        """The Service Alertmanager calls; returns the webhook URL."""
+        args = self._args
         service = k8s.core.v1.Service(
-            f"{name}-service",
-            metadata=meta(RUNNER_NAME, annotations=skip or None),
+            f"{self._name}-service",
+            metadata=self._meta(RUNNER_NAME, skip),
             spec=k8s.core.v1.ServiceSpecArgs(
                 type=args.service_type,
-                selector=labels,
+                selector=self.labels,
                 ports=[k8s.core.v1.ServicePortArgs(name="http", port=args.service_port, target_port="http")],
             ),
             opts=child(self),
         )
-        self.webhook_url = pulumi.Output.all(service.metadata.name, service.metadata.namespace).apply(
+        return pulumi.Output.all(service.metadata.name, service.metadata.namespace).apply(
             lambda a: f"http://{a[0]}.{a[1]}.svc:{args.service_port}{args.webhook_path}"
         )
-        self.register_outputs(
-            {
-                "webhookUrl": self.webhook_url,
-                "tokenSecret": token.metadata.name,
-                "serviceAccount": sa.metadata.name,
-            }
-        )
+
+
+def runner_settings(args: RemediationRunnerArgs) -> dict[str, Any]:
+    """The runner's own config file (remediation.config.RunnerConfig): the keys that describe this
+    deployment's layout are set here; everything else passes through from `settings`."""
+    return {
+        **args.settings,
+        "listen_host": "0.0.0.0",  # noqa: S104 (inside the pod, behind the Service)
+        "listen_port": args.port,
+        "token_file": f"{TOKEN_DIR}/{TOKEN_KEY}",
+        "journal_path": f"{JOURNAL_DIR}/journal.sqlite",
+        "state_dir": f"{JOURNAL_DIR}/state",
+        "rules_file": f"{CONFIG_DIR}/rules.yaml",
+        "playbook_dir": PLAYBOOK_DIR,
+        "dry_run": args.dry_run,
+    }
+
+
+def _runner_container(args: RemediationRunnerArgs) -> k8s.core.v1.ContainerArgs:
+    return k8s.core.v1.ContainerArgs(
+        name="runner",
+        image=args.image,
+        command=["autoheal", "serve", "--config", f"{CONFIG_DIR}/runner.yaml"],
+        env=[
+            kube.env("AUTOHEAL_TOKEN_FILE", f"{TOKEN_DIR}/{TOKEN_KEY}"),
+            kube.env("AUTOHEAL_DRY_RUN", str(args.dry_run).lower()),
+        ],
+        ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=args.port)],
+        volume_mounts=[
+            kube.mount("token", TOKEN_DIR, read_only=True),
+            kube.mount("config", CONFIG_DIR, read_only=True),
+            kube.mount("playbooks", PLAYBOOK_DIR, read_only=True),
+            kube.mount("journal", JOURNAL_DIR),
+        ],
+        readiness_probe=kube.http_probe("/healthz", "http", period=5),
+        liveness_probe=kube.http_probe("/healthz", "http", period=20, initial=15),
+        security_context=k8s.core.v1.SecurityContextArgs(
+            allow_privilege_escalation=False, read_only_root_filesystem=True
+        ),
+    )

@@ -15,7 +15,7 @@ import pulumi
 
 from components.cluster import EksArgs, KubernetesCluster, KubernetesClusterArgs
 from components.common import Taint
-from components.config import StackConfig, resolve_path
+from components.config import PoolConfig, StackConfig, resolve_path
 from components.monitoring import DEFAULT_DCGM_IMAGE, GpuMonitoring, GpuMonitoringArgs
 from components.nodepool import EksNodeGroupArgs, GpuNodePool, GpuNodePoolArgs
 from components.runner import RemediationRunner, RemediationRunnerArgs
@@ -37,129 +37,135 @@ def build_stack(
     rules_yaml: str,
     playbooks: Mapping[str, str],
 ) -> Stack:
-    cluster_args = KubernetesClusterArgs(
-        backend=cfg.cluster.backend,
-        kubeconfig=(str(resolve_path(root, cfg.cluster.kubeconfig)) if cfg.cluster.kubeconfig else None),
-        context=cfg.cluster.context,
+    """The cluster, its GPU pools, Slurm, the runner and the monitoring that calls it."""
+    cluster = KubernetesCluster("cluster", cluster_args(cfg, root))
+    k8s_opts = pulumi.ResourceOptions(provider=cluster.provider)
+    pools = [GpuNodePool(f"pool-{p.name}", pool_args(p, cluster), opts=k8s_opts) for p in cfg.pools]
+    slurm = SlurmCluster("slurm", slurm_args(cfg, pools), opts=k8s_opts)
+    runner = RemediationRunner("runner", runner_args(cfg, cluster, rules_yaml, playbooks), opts=k8s_opts)
+    monitoring = GpuMonitoring("monitoring", monitoring_args(cfg, cluster, runner), opts=k8s_opts)
+    stack = Stack(cluster, pools, slurm, runner, monitoring)
+    export_outputs(stack)
+    return stack
+
+
+def cluster_args(cfg: StackConfig, root: Path) -> KubernetesClusterArgs:
+    c = cfg.cluster
+    return KubernetesClusterArgs(
+        backend=c.backend,
+        kubeconfig=str(resolve_path(root, c.kubeconfig)) if c.kubeconfig else None,
+        context=c.context,
         namespace=cfg.namespace,
         eks=(
             EksArgs(
-                region=cfg.cluster.eks.region,
-                subnet_ids=cfg.cluster.eks.subnet_ids,
-                version=cfg.cluster.eks.version,
-                endpoint_public_access=cfg.cluster.eks.endpoint_public_access,
-                public_access_cidrs=cfg.cluster.eks.public_access_cidrs,
-                tags=cfg.cluster.eks.tags,
+                region=c.eks.region,
+                subnet_ids=c.eks.subnet_ids,
+                version=c.eks.version,
+                endpoint_public_access=c.eks.endpoint_public_access,
+                public_access_cidrs=c.eks.public_access_cidrs,
+                tags=c.eks.tags,
             )
-            if cfg.cluster.eks
+            if c.eks
             else None
         ),
     )
-    cluster = KubernetesCluster("cluster", cluster_args)
-    k8s_opts = pulumi.ResourceOptions(provider=cluster.provider)
 
-    ns = cluster.namespace
 
-    pools = [
-        GpuNodePool(
-            f"pool-{p.name}",
-            GpuNodePoolArgs(
-                name=p.name,
-                prefix=p.node_prefix,
-                size=p.size,
-                spares=p.spares,
-                namespace=ns,
-                gpu_model=p.gpu_model,
-                gpus_per_node=p.gpus_per_node,
-                headroom=p.headroom,
-                labels=p.labels,
-                taints=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in p.taints),
-                cpus=p.cpus,
-                real_memory_mb=p.real_memory_mb,
-                remediation=p.remediation,
-                waiver=p.waiver,
-                eks=(
-                    EksNodeGroupArgs(
-                        instance_type=p.eks.instance_type,
-                        ami_type=p.eks.ami_type,
-                        capacity_type=p.eks.capacity_type,
-                        disk_size_gb=p.eks.disk_size_gb,
-                    )
-                    if p.eks and cluster.eks
-                    else None
-                ),
-                eks_cluster=cluster.eks if p.eks else None,
-            ),
-            opts=k8s_opts,
-        )
-        for p in cfg.pools
-    ]
-
-    sc = cfg.slurm
-    images = SlurmImages(
-        **{k: v for k, v in sc.images.model_dump().items() if v is not None},
-    )
-    slurm = SlurmCluster(
-        "slurm",
-        SlurmClusterArgs(
-            pools=[p.placement for p in pools],
-            namespace=sc.namespace,
-            cluster_name=sc.cluster_name,
-            images=images,
-            storage=SlurmStorage(
-                state_size=sc.storage.state_size,
-                home_size=sc.storage.home_size,
-                checkpoint_size=sc.storage.checkpoint_size,
-                state_storage_class=sc.storage.state_storage_class,
-                shared_storage_class=sc.storage.shared_storage_class,
-                shared_access_mode=sc.storage.shared_access_mode,
-            ),
-            authorized_keys=sc.authorized_keys,
-            login_service_type=sc.login_service_type,
-            slurm_user=sc.slurm_user,
-            grace_seconds=sc.grace_seconds,
-            wait_for_rollout=cfg.wait_for_rollout,
+def pool_args(p: PoolConfig, cluster: KubernetesCluster) -> GpuNodePoolArgs:
+    eks = p.eks if cluster.eks else None
+    return GpuNodePoolArgs(
+        name=p.name,
+        prefix=p.node_prefix,
+        size=p.size,
+        spares=p.spares,
+        namespace=cluster.namespace,
+        gpu_model=p.gpu_model,
+        gpus_per_node=p.gpus_per_node,
+        headroom=p.headroom,
+        labels=p.labels,
+        taints=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in p.taints),
+        cpus=p.cpus,
+        real_memory_mb=p.real_memory_mb,
+        remediation=p.remediation,
+        waiver=p.waiver,
+        eks=(
+            EksNodeGroupArgs(
+                instance_type=eks.instance_type,
+                ami_type=eks.ami_type,
+                capacity_type=eks.capacity_type,
+                disk_size_gb=eks.disk_size_gb,
+            )
+            if eks
+            else None
         ),
-        opts=k8s_opts,
+        eks_cluster=cluster.eks if p.eks else None,
     )
 
+
+def slurm_args(cfg: StackConfig, pools: list[GpuNodePool]) -> SlurmClusterArgs:
+    sc = cfg.slurm
+    st = sc.storage
+    return SlurmClusterArgs(
+        pools=[p.placement for p in pools],
+        namespace=sc.namespace,
+        cluster_name=sc.cluster_name,
+        images=SlurmImages(**{k: v for k, v in sc.images.model_dump().items() if v is not None}),
+        storage=SlurmStorage(
+            state_size=st.state_size,
+            home_size=st.home_size,
+            checkpoint_size=st.checkpoint_size,
+            state_storage_class=st.state_storage_class,
+            shared_storage_class=st.shared_storage_class,
+            shared_access_mode=st.shared_access_mode,
+        ),
+        authorized_keys=sc.authorized_keys,
+        login_service_type=sc.login_service_type,
+        slurm_user=sc.slurm_user,
+        grace_seconds=sc.grace_seconds,
+        wait_for_rollout=cfg.wait_for_rollout,
+    )
+
+
+def runner_args(
+    cfg: StackConfig, cluster: KubernetesCluster, rules_yaml: str, playbooks: Mapping[str, str]
+) -> RemediationRunnerArgs:
     rc = cfg.runner
-    runner_args = RemediationRunnerArgs(
-        namespace=ns,
+    args = RemediationRunnerArgs(
+        namespace=cluster.namespace,
         port=rc.port,
         service_port=rc.service_port,
         rules_yaml=rules_yaml,
         playbooks=playbooks,
-        settings={"grace_seconds": sc.grace_seconds, **rc.settings},
+        settings={"grace_seconds": cfg.slurm.grace_seconds, **rc.settings},
         dry_run=rc.dry_run,
         journal_size=rc.journal_size,
         journal_storage_class=rc.journal_storage_class,
         service_type=rc.service_type,
         wait_for_rollout=cfg.wait_for_rollout,
     )
-    if rc.image:
-        runner_args = dataclasses.replace(runner_args, image=rc.image)
-    runner = RemediationRunner("runner", runner_args, opts=k8s_opts)
+    return dataclasses.replace(args, image=rc.image) if rc.image else args
 
+
+def monitoring_args(
+    cfg: StackConfig, cluster: KubernetesCluster, runner: RemediationRunner
+) -> GpuMonitoringArgs:
     mc = cfg.monitoring
-    monitoring = GpuMonitoring(
-        "monitoring",
-        GpuMonitoringArgs(
-            webhook_url=runner.webhook_url,
-            token_secret=runner.token_secret,
-            namespace=ns,
-            dcgm_image=mc.dcgm_image or DEFAULT_DCGM_IMAGE,
-            prometheus_operator=mc.prometheus_operator,
-            alertmanager_secrets_dir=mc.alertmanager_secrets_dir,
-            wait_for_rollout=cfg.wait_for_rollout,
-        ),
-        opts=k8s_opts,
+    return GpuMonitoringArgs(
+        webhook_url=runner.webhook_url,
+        token_secret=runner.token_secret,
+        namespace=cluster.namespace,
+        dcgm_image=mc.dcgm_image or DEFAULT_DCGM_IMAGE,
+        prometheus_operator=mc.prometheus_operator,
+        alertmanager_secrets_dir=mc.alertmanager_secrets_dir,
+        wait_for_rollout=cfg.wait_for_rollout,
     )
 
-    pulumi.export("namespace", ns)
-    pulumi.export("slurmNamespace", slurm.namespace.metadata.name)
-    pulumi.export("loginService", slurm.login_service.metadata.name)
-    pulumi.export("loginHostKey", slurm.login_host_key)
-    pulumi.export("webhookUrl", runner.webhook_url)
-    pulumi.export("pools", {p.slurm_pool.name: p.slurm_pool.node_names() for p in pools})
-    return Stack(cluster, pools, slurm, runner, monitoring)
+
+def export_outputs(stack: Stack) -> None:
+    """The stack outputs users and the lab read (`pulumi stack output`)."""
+    pulumi.export("namespace", stack.cluster.namespace)
+    pulumi.export("slurmNamespace", stack.slurm.namespace.metadata.name)
+    pulumi.export("loginService", stack.slurm.login_service.metadata.name)
+    pulumi.export("loginHostKey", stack.slurm.login_host_key)
+    pulumi.export("webhookUrl", stack.runner.webhook_url)
+    pulumi.export("pools", {p.slurm_pool.name: p.slurm_pool.node_names() for p in stack.pools})

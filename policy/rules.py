@@ -20,22 +20,24 @@ The rules, and why:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import yaml
 
-# Spelled as in components/common.py (a test keeps them equal); repeated here so the pack needs
-# nothing of the components to judge a stack.
-POOL_LABEL = "autoheal.io/pool"
-WAIVER_ANNOTATION = "autoheal.io/policy-waiver"
-REMEDIATION_ANNOTATION = "autoheal.io/remediation"
-STATE_DIR_ANNOTATION = "autoheal.io/state-dir"
-ALERTMANAGER_CONFIG_LABEL = "autoheal.io/alertmanager-config"
-COMPONENT_LABEL = "app.kubernetes.io/component"
-NODE_POOL_COMPONENT = "node-pool"
-CONTROLLER_COMPONENTS = frozenset({"slurmctld"})
-RUNNER_COMPONENT = "remediation-runner"
+from autoheal.labels import (
+    ALERTMANAGER_CONFIG_LABEL,
+    COMPONENT_LABEL,
+    NODE_POOL_COMPONENT,
+    POLICY_WAIVER_ANNOTATION,
+    POOL_LABEL,
+    REMEDIATION_ANNOTATION,
+    RUNNER_COMPONENT,
+    SLURMCTLD_COMPONENT,
+    STATE_DIR_ANNOTATION,
+)
+
+CONTROLLER_COMPONENTS = frozenset({SLURMCTLD_COMPONENT})
 TOKEN_ENV = "AUTOHEAL_TOKEN_FILE"  # noqa: S105 (an env var name)
 DEFAULT_STATE_DIR = "/var/spool/slurmctld"
 
@@ -79,8 +81,17 @@ def _meta(props: Mapping[str, Any]) -> tuple[str, Mapping[str, Any], Mapping[str
     )
 
 
+def _document(text: Any, parse: Callable[[str], Any]) -> Mapping[str, Any] | None:
+    """A JSON or YAML document held in a ConfigMap key; None when it is missing or unreadable."""
+    try:
+        doc = parse(text) if isinstance(text, str) else None
+    except (ValueError, yaml.YAMLError):  # json.JSONDecodeError is a ValueError
+        return None
+    return doc if isinstance(doc, Mapping) else None
+
+
 def _waived(annotations: Mapping[str, Any]) -> bool:
-    reason = annotations.get(WAIVER_ANNOTATION)
+    reason = annotations.get(POLICY_WAIVER_ANNOTATION)
     return isinstance(reason, str) and reason.strip() != ""
 
 
@@ -98,25 +109,21 @@ def gpu_pool_has_spares_and_remediation(resource_type: str, props: Mapping[str, 
         return []
     if _waived(annotations):
         return []
-    text = _map(props.get("data")).get("pool.json")
-    try:
-        pool = json.loads(text) if isinstance(text, str) else None
-    except json.JSONDecodeError:
-        pool = None
-    if not isinstance(pool, dict):
+    pool = _document(_map(props.get("data")).get("pool.json"), json.loads)
+    if pool is None:
         return [f"GPU pool {name}: data['pool.json'] is missing or not JSON"]
     out = []
     spares = pool.get("spares")
     if not isinstance(spares, int) or spares < 1:
         out.append(
             f"GPU pool {name} has no hot spares (spares={spares!r}): a GPU fault leaves its jobs "
-            f"waiting for a new node; add spares or annotate {WAIVER_ANNOTATION} with the reason"
+            f"waiting for a new node; add spares or annotate {POLICY_WAIVER_ANNOTATION} with the reason"
         )
     enabled = _map(pool.get("remediation")).get("enabled")
     if enabled is not True or annotations.get(REMEDIATION_ANNOTATION) == "disabled":
         out.append(
             f"GPU pool {name} has automatic remediation disabled; enable it or annotate "
-            f"{WAIVER_ANNOTATION} with the reason"
+            f"{POLICY_WAIVER_ANNOTATION} with the reason"
         )
     return out
 
@@ -232,11 +239,8 @@ def no_wildcard_rbac(resource_type: str, props: Mapping[str, Any]) -> list[str]:
 
 
 def _alertmanager_file_violations(name: str, text: Any) -> list[str]:
-    try:
-        cfg = yaml.safe_load(text) if isinstance(text, str) else None
-    except yaml.YAMLError:
-        cfg = None
-    if not isinstance(cfg, dict):
+    cfg = _document(text, yaml.safe_load)
+    if cfg is None:
         return [f"{name}: alertmanager.yml is missing or not YAML"]
     out = []
     for rcv in map(_map, _seq(cfg.get("receivers"))):

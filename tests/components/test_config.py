@@ -143,7 +143,7 @@ def test_missing_rules_file_names_the_key(tmp_path):
 
 
 def _run_main(config: dict[str, Any]) -> Recorded:
-    raw = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
+    raw = {f"autoheal:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
 
     def program() -> None:
         runpy.run_path(str(ROOT / "__main__.py"))

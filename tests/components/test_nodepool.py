@@ -98,12 +98,13 @@ def test_invalid_pool_arguments_are_rejected(bad):
         GpuNodePoolArgs(**args).validate()
 
 
-def test_spare_marking_and_pool_label_agree_with_the_lab_pool_controller(lab):
-    from lab import pool as lab_pool
+def test_spare_marking_and_pool_label_are_the_shared_contract(lab):
+    """The pool description spells spares, the pool label and the GPU taint as autoheal.labels
+    does, which the runbook and the lab's pool controller read too."""
+    from autoheal import labels
 
     pool = _pool(lab)
-    assert pool["spare"]["taint"] == lab_pool.SPARE_TAINT
-    assert pool["spare"]["label"] == {"key": lab_pool.SPARE_LABEL, "value": "true"}
-    assert pool["nodeLabels"]["autoheal.io/pool"] == "h100"
-    assert lab_pool.POOL_LABEL == "autoheal.io/pool"
-    assert pool["taints"] == [lab_pool.GPU_TAINT]
+    assert pool["spare"]["taint"] == labels.spare_taint()
+    assert pool["spare"]["label"] == {"key": labels.SPARE_LABEL, "value": "true"}
+    assert pool["nodeLabels"][labels.POOL_LABEL] == "h100"
+    assert pool["taints"] == [labels.gpu_taint()]

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import yaml
 
-from components import common
 from policy import rules
 
 CM = "kubernetes:core/v1:ConfigMap"
@@ -235,13 +234,33 @@ def test_runner_token_from_a_mounted_secret_passes_and_from_elsewhere_fails():
     assert rules.webhook_requires_token(DEP, runner_deployment(env, empty, mounts))
 
 
-def test_policy_constants_match_the_components():
-    assert rules.POOL_LABEL == common.POOL_LABEL
-    assert rules.WAIVER_ANNOTATION == common.WAIVER_ANNOTATION
-    assert rules.REMEDIATION_ANNOTATION == common.REMEDIATION_ANNOTATION
-    assert rules.STATE_DIR_ANNOTATION == common.STATE_DIR_ANNOTATION
-    assert rules.COMPONENT_LABEL == common.COMPONENT_LABEL
-    assert rules.NODE_POOL_COMPONENT == common.NODE_POOL_COMPONENT
+def test_components_and_policy_spell_no_label_of_their_own():
+    """Labels, taints, annotations and the GPU resource name have one definition,
+    autoheal.labels: no string literal in components/ or policy/ spells one again."""
+    import ast
+
+    from tests.components.harness import ROOT
+
+    spelled = []
+    for folder in ("components", "policy", "review"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            body_docs = {
+                id(n.body[0].value)
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef)
+                and n.body
+                and isinstance(n.body[0], ast.Expr)
+            }
+            spelled += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in body_docs
+                and node.value.startswith(("autoheal.io/", "app.kubernetes.io/", "nvidia.com/gpu"))
+            ]
+    assert spelled == []
 
 
 def test_policy_pack_module_builds_the_pack(monkeypatch):

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from autoheal.slurmconf import SPARE_REASON, range_names
+from autoheal.labels import SPARE_REASON
+from autoheal.slurmconf import range_names
 from components.nodepool import GpuNodePool, GpuNodePoolArgs
 from components.slurm import STATE_DIR, SlurmCluster, SlurmClusterArgs, SlurmImages
 from tests.components.harness import Recorded, pod_spec, run_program

@@ -7,18 +7,27 @@ from collections import Counter
 
 from policy.rules import RESOURCE_RULES, stack_has_remediation
 
-COMPONENTS = {
+TOP_LEVEL = {
     "autoheal:cluster:KubernetesCluster",
     "autoheal:nodepool:GpuNodePool",
     "autoheal:slurm:SlurmCluster",
     "autoheal:monitoring:GpuMonitoring",
     "autoheal:runner:RemediationRunner",
 }
+# SlurmCluster's parts, in the order of the architecture.
+SLURM_PARTS = {
+    "autoheal:slurm:SlurmConfig",
+    "autoheal:slurm:SlurmSharedStorage",
+    "autoheal:slurm:SlurmController",
+    "autoheal:slurm:SlurmLogin",
+    "autoheal:slurm:SlurmWorkers",
+}
+COMPONENTS = TOP_LEVEL | SLURM_PARTS
 
 
 def test_lab_stack_declares_the_expected_resources(lab):
     counts = Counter(r.type for r in lab.resources)
-    assert {t: counts[t] for t in COMPONENTS} == dict.fromkeys(COMPONENTS, 1)
+    assert {t: counts[t] for t in COMPONENTS} == dict.fromkeys(COMPONENTS, 1)  # one pool: one SlurmWorkers
     assert counts["kubernetes:core/v1:Namespace"] == 2
     assert counts["kubernetes:apps/v1:DaemonSet"] == 2  # slurmd-h100, dcgm-exporter
     assert counts["kubernetes:apps/v1:StatefulSet"] == 1
@@ -28,19 +37,39 @@ def test_lab_stack_declares_the_expected_resources(lab):
     assert counts["pulumi-python:dynamic:Resource"] == 3  # their generators
     assert counts["kubernetes:core/v1:PersistentVolumeClaim"] == 3
     assert counts["pulumi:providers:kubernetes"] == 1
-    assert len(lab.resources) == 36
+    assert len(lab.resources) == 41
+    assert all(not r.custom for r in lab.resources if r.type in COMPONENTS)
 
 
 def test_every_resource_is_parented_to_its_component(lab):
     by_urn = {r.urn: r for r in lab.resources}
+
+    def top(r):
+        while r.type not in TOP_LEVEL:
+            r = by_urn[r.parent]
+        return r
+
     for r in lab.resources:
-        if r.type in COMPONENTS:
-            assert r.parent.endswith("::autoheal-test")  # components sit at the stack's top
+        if r.type in TOP_LEVEL:
+            assert r.parent.endswith("pulumi:pulumi:Stack::autoheal-test")  # at the stack's top
             continue
         parent = by_urn.get(r.parent)
         assert parent is not None and parent.type in COMPONENTS, (r.type, r.name, r.parent)
-        # child names derive from the component's name
-        assert r.name.startswith(parent.name), (r.name, parent.name)
+        if r.type in SLURM_PARTS:
+            assert parent.type == "autoheal:slurm:SlurmCluster", r.name
+        # child names derive from the top-level component's name
+        assert r.name.startswith(top(r).name), (r.name, top(r).name)
+
+
+def test_slurm_parts_alias_their_resources_to_the_cluster(lab):
+    """Resources that moved into SlurmCluster's parts keep their URN of before the split as an
+    alias, so `pulumi preview` of an existing stack shows no replacement."""
+    by_urn = {r.urn: r for r in lab.resources}
+    moved = [r for r in lab.resources if by_urn.get(r.parent) and by_urn[r.parent].type in SLURM_PARTS]
+    assert len(moved) == 13  # config 3, storage 2, controller 2, login 5, workers 1
+    for r in moved:
+        old = f"urn:pulumi:test::autoheal::autoheal:slurm:SlurmCluster${r.type}::{r.name}"
+        assert old in r.aliases, r.name
 
 
 def test_lab_workloads_do_not_wait_for_kubelets_the_lab_does_not_have(lab):
@@ -66,16 +95,17 @@ def test_policy_pack_accepts_the_lab_stack(lab):
 
 def test_policy_pack_rules_cover_the_stacks_guarded_objects(lab):
     """Each rule has something to judge in the lab stack (no rule passes by never matching)."""
+    from autoheal import labels as lb
     from policy import rules
 
     types = {r.type for r in lab.resources}
     assert rules.CONFIG_MAP in types
     assert types & rules.ROLE_TYPES
     labels = [(r.inputs.get("metadata") or {}).get("labels") or {} for r in lab.resources]
-    assert any(lb.get(rules.COMPONENT_LABEL) == rules.NODE_POOL_COMPONENT for lb in labels)
-    assert any(lb.get(rules.COMPONENT_LABEL) == "slurmctld" for lb in labels)
-    assert any(lb.get(rules.COMPONENT_LABEL) == rules.RUNNER_COMPONENT for lb in labels)
-    assert any(lb.get(rules.ALERTMANAGER_CONFIG_LABEL) == "true" for lb in labels)
+    assert any(x.get(lb.COMPONENT_LABEL) == lb.NODE_POOL_COMPONENT for x in labels)
+    assert any(x.get(lb.COMPONENT_LABEL) == lb.SLURMCTLD_COMPONENT for x in labels)
+    assert any(x.get(lb.COMPONENT_LABEL) == lb.RUNNER_COMPONENT for x in labels)
+    assert any(x.get(lb.ALERTMANAGER_CONFIG_LABEL) == "true" for x in labels)
 
 
 def test_example_eks_stack_builds_node_groups_and_passes_the_policy():

@@ -1,0 +1,169 @@
+"""SlurmCluster: Slurm on Kubernetes, its configuration generated from the declared GPU pools.
+
+In its own namespace, one child component per part of the architecture:
+
+* `SlurmConfig` (config.py): slurm.conf / gres.conf / topology.conf and the munge key;
+* `SlurmSharedStorage` (storage.py): /home and /checkpoints, shared by login and workers;
+* `SlurmController` (controller.py): slurmctld, its state on a PersistentVolumeClaim;
+* `SlurmLogin` (login.py): sshd with the users' keys and a host key made once;
+* `SlurmWorkers` (workers.py): one slurmd DaemonSet per GPU pool.
+
+The children's resources keep the logical names they had when SlurmCluster declared them itself
+(`slurm-slurmctld`, `slurm-config`, ...) and an alias to it, so stacks made before the split see
+no replacement (components.common.SubComponent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components import kube
+from components.common import await_annotations, base_labels, child
+from components.nodepool import PoolPlacement
+from components.slurm.config import SlurmConfig, SlurmConfigArgs, render_topology_conf, slurm_conf_spec
+from components.slurm.controller import SlurmController, SlurmControllerArgs
+from components.slurm.layout import DEFAULT_IMAGE, STATE_DIR
+from components.slurm.login import SlurmLogin, SlurmLoginArgs
+from components.slurm.storage import SlurmSharedStorage, SlurmStorage
+from components.slurm.workers import SlurmWorkers, SlurmWorkersArgs
+
+__all__ = [
+    "STATE_DIR",
+    "SlurmCluster",
+    "SlurmClusterArgs",
+    "SlurmImages",
+    "SlurmStorage",
+    "render_topology_conf",
+    "slurm_conf_spec",
+]
+
+
+@dataclass(frozen=True)
+class SlurmImages:
+    controller: str = DEFAULT_IMAGE
+    slurmd: str = DEFAULT_IMAGE
+    login: str = DEFAULT_IMAGE
+    munge: str = DEFAULT_IMAGE
+
+
+@dataclass(frozen=True)
+class SlurmClusterArgs:
+    pools: Sequence[PoolPlacement]
+    namespace: str = "slurm"
+    cluster_name: str = "autoheal"
+    images: SlurmImages = field(default_factory=SlurmImages)
+    storage: SlurmStorage = field(default_factory=SlurmStorage)
+    authorized_keys: Sequence[str] = ()
+    login_service_type: str = "ClusterIP"
+    slurm_user: str = "slurm"
+    grace_seconds: int = 120
+    wait_for_rollout: bool = True
+
+    def validate(self, name: str) -> None:
+        if not self.pools:
+            raise ValueError(f"SlurmCluster {name}: at least one GPU pool is needed")
+        names = [p.pool.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"SlurmCluster {name}: pool names repeat: {names}")
+
+
+class SlurmCluster(pulumi.ComponentResource):
+    namespace: k8s.core.v1.Namespace
+    config: SlurmConfig
+    storage: SlurmSharedStorage
+    controller: SlurmController
+    login: SlurmLogin
+    workers: dict[str, SlurmWorkers]
+
+    def __init__(self, name: str, args: SlurmClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("autoheal:slurm:SlurmCluster", name, None, opts)
+        args.validate(name)
+        self.namespace = k8s.core.v1.Namespace(
+            f"{name}-ns",
+            metadata=kube.meta(args.namespace, None, base_labels("slurm", "namespace")),
+            opts=child(self),
+        )
+        ns = self.namespace.metadata.name
+        skip = await_annotations(args.wait_for_rollout)
+        self.config = SlurmConfig(f"{name}-config", name, _config_args(args, ns), opts=child(self))
+        parts = self.config.parts
+        self.storage = SlurmSharedStorage(f"{name}-storage", name, args.storage, ns, skip, opts=child(self))
+        self.controller = SlurmController(
+            f"{name}-controller",
+            name,
+            SlurmControllerArgs(ns, args.images.controller, args.storage, parts, skip),
+            opts=child(self),
+        )
+        self.login = SlurmLogin(f"{name}-login", name, self._login_args(args, ns, skip), opts=child(self))
+        self.workers = {
+            p.pool.name: SlurmWorkers(
+                f"{name}-workers-{p.pool.name}", name, self._workers_args(args, p, ns, skip), opts=child(self)
+            )
+            for p in args.pools
+        }
+        self.register_outputs(
+            {
+                "namespace": ns,
+                "loginService": self.login.service.metadata.name,
+                "loginHostKey": self.login.host_key,
+                "pools": list(self.workers),
+            }
+        )
+
+    # The generated configuration files, for callers and tests.
+    @property
+    def slurm_conf(self) -> str:
+        return self.config.slurm_conf
+
+    @property
+    def login_service(self) -> k8s.core.v1.Service:
+        return self.login.service
+
+    @property
+    def login_host_key(self) -> pulumi.Output[str]:
+        return self.login.host_key
+
+    def _login_args(
+        self, args: SlurmClusterArgs, ns: pulumi.Input[str], skip: dict[str, str]
+    ) -> SlurmLoginArgs:
+        return SlurmLoginArgs(
+            namespace=ns,
+            image=args.images.login,
+            cluster_name=args.cluster_name,
+            authorized_keys=args.authorized_keys,
+            service_type=args.login_service_type,
+            parts=self.config.parts,
+            shared_volumes=self.storage.volumes,
+            shared_mounts=self.storage.mounts,
+            annotations=skip,
+        )
+
+    def _workers_args(
+        self, args: SlurmClusterArgs, placement: PoolPlacement, ns: pulumi.Input[str], skip: dict[str, str]
+    ) -> SlurmWorkersArgs:
+        return SlurmWorkersArgs(
+            placement=placement,
+            namespace=ns,
+            image=args.images.slurmd,
+            grace_seconds=args.grace_seconds,
+            parts=self.config.parts,
+            shared_volumes=self.storage.volumes,
+            shared_mounts=self.storage.mounts,
+            annotations=skip,
+        )
+
+
+def _config_args(args: SlurmClusterArgs, ns: pulumi.Input[str]) -> SlurmConfigArgs:
+    return SlurmConfigArgs(
+        pools=[p.pool for p in args.pools],
+        namespace=ns,
+        namespace_name=args.namespace,
+        cluster_name=args.cluster_name,
+        slurm_user=args.slurm_user,
+        grace_seconds=args.grace_seconds,
+        munge_image=args.images.munge,
+    )

@@ -94,6 +94,26 @@ def cmdline(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]] if raw else []
 
 
+def environ(pid: int) -> dict[str, str]:
+    """The environment the process started with ({} when gone or not ours to read)."""
+    try:
+        raw = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
+
+
+def ancestors(pid: int) -> list[int]:
+    """`pid`'s parent, its parent, ... up to init (for "never signal the caller itself")."""
+    out: list[int] = []
+    st = stat(pid)
+    while st is not None and st.ppid > 0 and st.ppid not in out:
+        out.append(st.ppid)
+        st = stat(st.ppid)
+    return out
+
+
 def pids() -> Iterator[int]:
     """Every PID now in /proc (processes, not threads)."""
     for entry in PROC.iterdir():

@@ -99,15 +99,15 @@ def _print_status(st: labmod.LabStatus, as_json: bool) -> None:
 
 @lab_app.command("down")
 def lab_down(name: NameOpt = "default", root: RootOpt = None) -> None:
-    """Stop every process of the lab by PID (a no-op when nothing runs)."""
+    """Stop every process the lab caused: its Slurm jobs (and their job steps), then its services
+    by PID (a no-op when nothing runs)."""
     from lab.config import load_lab
 
     cfg = load_lab(name, root)
     if cfg is None:
         console.print(f"lab {name!r}: nothing to stop")
         return
-    stopped = labmod.down(cfg)
-    console.print(f"lab {name!r}: stopped {len(stopped)} processes")
+    console.print(f"lab {name!r}: {labmod.down(cfg).summary()}")
 
 
 @lab_app.command("logs")

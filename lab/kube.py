@@ -291,17 +291,17 @@ _STOP_WAVES: tuple[tuple[str, ...], ...] = (
 )
 
 
-def stop_control_plane(run_dir: Path) -> None:
-    """Stop every service of the control plane in run_dir by its PID file; no-op if none.
+def stop_control_plane(run_dir: Path) -> list[str]:
+    """Stop every service of the control plane in run_dir by its PID file; returns the services
+    that were running (none: a no-op).
 
     A PID is signalled only while it is still the process started (its kernel start time is in
     the PID file), SIGTERM first and SIGKILL after a grace period; PID files are removed.
     """
     run_dir = Path(run_dir)
     if not procs.pid_dir(run_dir).is_dir():
-        return
-    for wave in _STOP_WAVES:
-        procs.stop_many(run_dir, wave, timeout=_STOP_GRACE_S)
+        return []
+    return [name for wave in _STOP_WAVES for name in procs.stop_many(run_dir, wave, timeout=_STOP_GRACE_S)]
 
 
 # --- health ---------------------------------------------------------------------------------

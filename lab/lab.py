@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from autoheal import proc as kernel
 from autoheal.errors import LabError
 from lab import pool, procs, prom, slurm
 from lab.config import LabConfig, load_lab
@@ -223,24 +224,58 @@ def start_kube(cfg: LabConfig) -> None:
     kube.start_control_plane(cfg.run_dir, specs, cfg.port("kube"), timeout=cfg.kube_timeout)
 
 
-def down(cfg: LabConfig) -> list[str]:
-    """Stop every process of the lab (by its PID files). Returns the names stopped."""
-    if kube_available() or (cfg.run_dir / "kubeconfig").exists():
-        try:
-            from lab import kube
+JOB_CANCEL_WAIT_S = 10.0  # how long Slurm gets to end cancelled job steps before the sweep
 
-            kube.stop_control_plane(cfg.run_dir)
-        except ImportError:
-            pass
-    d = procs.pid_dir(cfg.run_dir)
-    names = sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
-    # stop in reverse dependency order: observers first, munge last
+
+@dataclass
+class Teardown:
+    """What `down` ended: the lab's services, its Slurm jobs and the processes those jobs ran."""
+
+    services: list[str] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+    job_processes: int = 0  # slurmstepd and job tasks that ended, by the cancel or by the sweep
+    killed: int = 0  # of those, how many the sweep had to SIGKILL
+
+    def summary(self) -> str:
+        text = f"stopped {len(self.services)} services"
+        if self.jobs or self.job_processes:
+            text += f", cancelled {len(self.jobs)} jobs, ended {self.job_processes} job processes"
+            text += f" ({self.killed} by SIGKILL)" if self.killed else ""
+        return text
+
+
+def down(cfg: LabConfig) -> Teardown:
+    """Stop every process the lab caused: its jobs first (cancelled while slurmctld still runs),
+    then its services by their PID files, then any job process that outlived them.
+
+    A job step's slurmstepd is detached from slurmd (its parent is init), so stopping slurmd
+    leaves it and its tasks running, writing into the run dir; SIGTERM does not end a slurmstepd.
+    Those are found by the lab's slurm.conf in their environment (lab.slurm.job_processes) and
+    ended by PID and start time, SIGKILL after a short grace.
+    """
+    from lab import kube
+
+    done = Teardown()
+    before = slurm.job_processes(cfg)
+    done.jobs = slurm.cancel_jobs(cfg)
+    if done.jobs:
+        procs.wait_ended(before, JOB_CANCEL_WAIT_S)
+    done.services = kube.stop_control_plane(cfg.run_dir) + _stop_services(cfg)
+    leftovers = {*before, *slurm.job_processes(cfg)}
+    _, done.killed = procs.terminate(sorted(leftovers))
+    done.job_processes = sum(1 for t in leftovers if not kernel.is_same(*t))
+    shutil.rmtree(cfg.socket_dir, ignore_errors=True)  # sockets and slurmd spool only
+    return done
+
+
+def _stop_services(cfg: LabConfig) -> list[str]:
+    """Stop the lab's daemons in reverse dependency order: observers first, munge last."""
+    names = procs.names(cfg.run_dir)
     first = [n for n in names if n not in ("slurmctld", "munged")]
     stopped = procs.stop_many(cfg.run_dir, first)
     for n in ("slurmctld", "munged"):
         if n in names and procs.stop(cfg.run_dir, n):
             stopped.append(n)
-    shutil.rmtree(cfg.socket_dir, ignore_errors=True)  # sockets and slurmd spool only
     return stopped
 
 

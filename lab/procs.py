@@ -180,6 +180,26 @@ def end(targets: Iterable[tuple[int, int]], sig: int) -> int:
     return sent
 
 
+def terminate(targets: Sequence[tuple[int, int]], grace: float = 3.0) -> tuple[int, int]:
+    """End processes that are not ours by PID file (a job's leftovers): SIGTERM each (pid, start
+    ticks) that is still that process, SIGKILL what outlives `grace` (slurmstepd ignores SIGTERM).
+    Returns (how many were running, how many needed SIGKILL)."""
+    live = [t for t in targets if kernel.is_same(*t)]
+    end(live, signal.SIGTERM)
+    wait_ended(live, grace)
+    stubborn = [t for t in live if kernel.is_same(*t)]
+    end(stubborn, signal.SIGKILL)
+    wait_ended(stubborn, KILL_WAIT_S)
+    return len(live), len(stubborn)
+
+
+def wait_ended(targets: Sequence[tuple[int, int]], timeout: float) -> None:
+    """Wait until none of the (pid, start ticks) runs any more, or `timeout` passed."""
+    deadline = time.monotonic() + timeout
+    while any(kernel.is_same(*t) for t in targets) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

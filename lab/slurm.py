@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from autoheal import proc
 from autoheal.errors import LabError
 from autoheal.slurmconf import render_gres_conf, render_slurm_conf
 from lab import procs
@@ -159,3 +160,46 @@ def wait_nodes_registered(cfg: LabConfig, nodes: Sequence[str], timeout: float =
                 f"slurmd {dead[0]}: exited during start; see {log}: {procs.log_tail(log)}"
             ) from None
         raise
+
+
+def cancel_jobs(cfg: LabConfig) -> list[str]:
+    """Cancel every job of this lab (while slurmctld and the slurmd still answer, so Slurm ends
+    the job steps itself); returns their ids. Nothing to do when slurmctld is not running."""
+    if "slurmctld" not in procs.running(cfg.run_dir):
+        return []
+    try:
+        jobs = run(cfg, ["squeue", "-h", "-o", "%A"], timeout=10).split()
+        if jobs:
+            run(cfg, ["scancel", *jobs], timeout=30)
+    except LabError:
+        return []  # slurmctld is not answering: the sweep after the stop still ends the processes
+    return jobs
+
+
+def job_processes(cfg: LabConfig) -> list[tuple[int, int]]:
+    """(PID, start ticks) of every process of this lab's Slurm jobs: its slurmstepd and the tasks
+    they run, with all their descendants.
+
+    A slurmstepd runs detached (its parent is init, outside the lab's process groups) and keeps
+    the environment of the slurmd that forked it, which the lab started with SLURM_CONF=<this
+    lab's slurm.conf>; a job's tasks carry SLURM_JOB_ID and the SLURM_CONF they were submitted
+    with, the only way to reach this lab's controller. Another lab's processes name another
+    slurm.conf, so they are never picked. The caller and its ancestors (an `salloc` shell running
+    `autoheal lab down`) are left alone.
+    """
+    conf = str(cfg.slurm_conf)
+    spared = {os.getpid(), *proc.ancestors(os.getpid())}
+    roots = []
+    for pid in proc.pids():
+        if pid in spared:
+            continue
+        env = proc.environ(pid)
+        if env.get("SLURM_CONF") != conf:
+            continue
+        st = proc.stat(pid)
+        if st is not None and (st.comm == "slurmstepd" or "SLURM_JOB_ID" in env):
+            roots.append(pid)
+    found = dict.fromkeys(roots)
+    for pid in roots:
+        found.update(dict.fromkeys(proc.descendants(pid)))
+    return [(pid, ticks) for pid in found if pid not in spared and (ticks := proc.start_ticks(pid))]

@@ -42,18 +42,25 @@ def pid_alive(pid: int) -> bool:
 
 
 def processes_pointing_into(*dirs: Path | str) -> dict[int, str]:
-    """Live processes whose command line or working directory points into one of `dirs`:
-    PID -> command line. Read from /proc here, not through the code under test."""
+    """Live processes that point into one of `dirs` by their command line, working directory,
+    open files or environment: PID -> command line. Read from /proc here, not through the code
+    under test (a detached slurmstepd shows itself only by its open log and its SLURM_CONF)."""
     roots = [str(d).rstrip("/") for d in dirs]
+
+    def inside(text: str) -> bool:
+        return any(r in text for r in roots)
+
     found: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or not pid_alive(int(entry.name)):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid() or not pid_alive(int(entry.name)):
             continue
         try:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            env = (entry / "environ").read_bytes().decode(errors="replace")
             cwd = os.readlink(entry / "cwd")
+            files = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
         except OSError:
             continue
-        if any(r in cmd or cwd == r or cwd.startswith(r + "/") for r in roots):
+        if inside(cmd) or inside(env) or inside(cwd) or any(inside(f) for f in files):
             found[int(entry.name)] = cmd.strip() or f"[{cwd}]"
     return found

@@ -34,7 +34,7 @@ from lab.config import LabConfig
 EXAMPLES = data_root() / "examples"
 DEMO_GPU, DEMO_XID = 3, 79
 
-# (key, label, source): the phases of one incident in the order DESIGN.md tells them
+# (key, label): the phases of one incident in the order of docs/architecture.md, "The flow of one fault"
 PHASES: list[tuple[str, str]] = [
     ("injected", "XID 79 injected (fault)"),
     ("alert_fired", "alert fired (Prometheus)"),

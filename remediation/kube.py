@@ -11,7 +11,7 @@ Three reads for the policy, none of which grows with the size of the cluster for
 Lists ask for metadata only (PartialObjectMetadataList) and are parsed as plain JSON, not into the
 generated client's model classes. Opt-out is always read fresh: a label set a second ago counts.
 The fourth read serves the worker: nodes still labelled quarantined but schedulable again, i.e.
-uncordoned by hand while their incident is open (DESIGN: that cancels the incident).
+uncordoned by hand while their incident is open (docs/architecture.md, "Safety": that cancels the incident).
 
 `FakeKube` serves unit tests; `RealKube` uses the `kubernetes` client with a kubeconfig; `NullKube`
 stands in when no cluster is configured (nothing is opted out, pools are unknown, so only the

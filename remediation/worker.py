@@ -221,9 +221,9 @@ class Worker:
         return wait
 
     def _cancel_uncordoned(self, now: float) -> None:
-        """DESIGN, manual control: uncordoning a node by hand cancels its incident. A fenced node
-        still labelled quarantined but schedulable again means a human took over; the runner
-        stops (a running play is cancelled) and says so, instead of fighting them."""
+        """Uncordoning a node by hand cancels its incident (docs/architecture.md, "Safety"). A
+        fenced node still labelled quarantined but schedulable again means a human took over; the
+        runner stops (a running play is cancelled) and says so, instead of fighting them."""
         every = self.config.uncordon_check_seconds
         if not every or now - self._uncordon_checked < every:
             return

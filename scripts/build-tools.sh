@@ -1,78 +1,153 @@
 #!/usr/bin/env bash
-# Builds the Go tools the lab needs from Go modules (no prebuilt binary can be downloaded here):
-# etcd, the Kubernetes control plane + kubectl, KWOK, the Pulumi CLI with a Python language host,
-# and the Pulumi Kubernetes provider. Each tool is pinned by a wrapper module under
-# tools/gobuild/<tool>/ (go.mod + go.sum) and cached by version outside the repo:
+# Builds the Go tools the lab needs from Go modules (no prebuilt binary can be downloaded here).
+# Each tool is a folder tools/gobuild/<tool>/ holding a wrapper module (go.mod + go.sum pin its
+# exact dependency graph) and recipe.sh, which defines:
 #
-#   ${AUTOHEAL_CACHE:-~/.cache/autoheal}/tools/<tool>-<version>/   binaries + .complete marker
-#   ${AUTOHEAL_CACHE:-~/.cache/autoheal}/bin/                      stable symlinks to the above
-#   ${AUTOHEAL_CACHE:-~/.cache/autoheal}/tools/env.sh              `. env.sh` puts bin/ on PATH
-#   ${AUTOHEAL_CACHE:-~/.cache/autoheal}/logs/<tool>.log           one log per build step
+#   VERSION=...       cache key: ${AUTOHEAL_CACHE:-~/.cache/autoheal}/tools/<tool>-<VERSION>/
+#   BINS=(...)        binaries build() leaves in $OUT, linked into ${AUTOHEAL_CACHE}/bin/
+#   COLD_SECONDS=...  the last measured cold build, for progress estimates
+#   APT=(...)         optional Debian build dependencies (`--apt-packages` lists them all)
+#   PREPARES=(...)    optional: files (relative to $OUT) prepare() must produce; checked
+#   prepare()         optional: every step that reads module files (embed files, scripts), run
+#                     before build(); it must download what it reads (`moddir MODULE`)
+#   build()           compiles into $OUT; cwd is $WORK, a scratch copy of the tool's folder
 #
-# The marker holds a hash of the recipe (wrapper files + this script's version line), is written
-# last, and a tool is rebuilt whenever it is missing or differs, so a half build is redone.
-# A warm run only hashes a few small files. Cold: ~30-45 min on 2 cores, ~1.5 GB of binaries.
+# A tool is rebuilt when its marker (a hash of every file in its folder, the Go version and
+# RECIPE_REV, written last) is missing or differs, so a half build is redone; a warm run only
+# hashes a few small files. Logs: ${AUTOHEAL_CACHE}/logs/<tool>-<version>.log; measured build
+# times: ${AUTOHEAL_CACHE}/logs/timings.tsv. Cold, all tools, 2 cores: see README ("Set-up").
 #
-# Options: --only TOOL[,TOOL]   build a subset (etcd,kubernetes,kwok,pulumi,pulumi-kubernetes)
-#          --print-path         print the bin dir and exit
-# Env:     AUTOHEAL_GO_PROCS (default 2) = go build -p; GOMODCACHE/GOCACHE keep Go's defaults.
+# Usage: build-tools.sh [--only TOOL[,TOOL]] [--prefetch | --plan | --apt-packages |
+#                        --prepare-only DIR | --print-path]
+#   --prefetch       download every module the selected tools need, build nothing (bootstrap runs
+#                    this while apt and pip work)
+#   --plan           one line per tool: name, version, cached|build, expected seconds
+#   --prepare-only   run each tool's prepare() into DIR/<tool> (the cold-path test uses it with
+#                    an empty GOMODCACHE)
+# Env: AUTOHEAL_GO_PROCS (default 2) = go build -p; GOMODCACHE/GOCACHE keep Go's defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+RECIPES=${AUTOHEAL_RECIPES:-$ROOT/tools/gobuild} # override: tests only
+
+# Build order: each line's tools may reuse the build cache the earlier ones filled.
+TOOLS=(etcd kubernetes kwok pulumi pulumi-kubernetes)
 
 CACHE=${AUTOHEAL_CACHE:-$HOME/.cache/autoheal}
-TOOLS=$CACHE/tools
+TOOLS_DIR=$CACHE/tools
 BIN=$CACHE/bin
 LOGS=$CACHE/logs
-RECIPE_REV=1 # bump to force rebuilding everything
-
-ETCD_VERSION=v3.6.14
-K8S_VERSION=v1.36.3
-KWOK_VERSION=v0.8.0
-PULUMI_VERSION=v3.274.1
-# The only provider/v4 version the module proxy serves here is this pseudo-version (2026-01-15,
-# between the 4.24.0 and 4.29.0 tags); the PyPI pulumi-kubernetes 4.32.0 SDK talks to it fine.
-PULUMI_K8S_MODULE_VERSION=v4.0.0-20260115033456-f47bc2d6f199
-PULUMI_K8S_VERSION=4.24.0-dev.20260115+f47bc2d6f199
+RECIPE_REV=2 # bump to force rebuilding everything
 
 export GOTOOLCHAIN=local CGO_ENABLED=0
 export GOFLAGS="-trimpath -buildvcs=false -mod=readonly"
 GO_PROCS=${AUTOHEAL_GO_PROCS:-2}
 
 say() { printf '\033[1m[build-tools]\033[0m %s\n' "$*" >&2; }
+mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
-# moddir MODULE: the directory of MODULE (at the version the current wrapper's go.mod pins),
-# downloading it first. `go list -m -f {{.Dir}}` alone prints "" for a module that is not in the
-# module cache yet, which only showed on a fresh machine.
+# moddir MODULE: the directory of MODULE at the version the current wrapper pins, downloading it
+# first. `go list -m -f {{.Dir}}` alone prints "" for a module not yet in the module cache, which
+# only ever showed on a fresh machine.
 moddir() {
   go mod download -json "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])'
 }
 
-if [[ ${1:-} == --print-path ]]; then
-  echo "$BIN"
-  exit 0
-fi
+MODE=build
 ONLY=""
-if [[ ${1:-} == --only ]]; then
-  ONLY=",${2:?--only needs a list},"
+PREP_DIR=""
+while (($#)); do
+  case $1 in
+  --only) ONLY=",${2:?--only needs a list},"; shift ;;
+  --prefetch) MODE=prefetch ;;
+  --plan) MODE=plan ;;
+  --apt-packages) MODE=apt ;;
+  --prepare-only) MODE=prepare; PREP_DIR=${2:?--prepare-only needs a directory}; shift ;;
+  --print-path) echo "$BIN"; exit 0 ;;
+  -h | --help) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+  *) say "unknown option: $1 (see --help)"; exit 2 ;;
+  esac
+  shift
+done
+
+selected=()
+for t in "${TOOLS[@]}"; do
+  if [[ -z $ONLY || $ONLY == *",$t,"* ]]; then selected+=("$t"); fi
+done
+if [[ -n $ONLY ]]; then
+  for t in ${ONLY//,/ }; do
+    [[ -f $RECIPES/$t/recipe.sh ]] || { say "--only: no recipe tools/gobuild/$t/recipe.sh"; exit 2; }
+  done
 fi
 
-mkdir -p "$TOOLS" "$BIN" "$LOGS"
-
-# recipe_hash TOOL: hash of everything that decides the build of TOOL.
 GO_VERSION=$(go env GOVERSION)
+# recipe_hash TOOL: hash of everything that decides the build of TOOL.
 recipe_hash() {
-  local tool=$1
   {
     echo "rev=$RECIPE_REV go=$GO_VERSION"
-    grep -E '^(ETCD|K8S|KWOK|PULUMI|PULUMI_K8S)(_MODULE)?_VERSION=' "$ROOT/scripts/build-tools.sh"
-    find "tools/gobuild/$tool" -type f -print0 | sort -z | xargs -0 sha256sum
+    (cd "$RECIPES/$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum)
   } | sha256sum | cut -c1-16
 }
 
-# run_step NAME FUNCTION: runs FUNCTION with output to logs/NAME.log, showing progress; on failure
-# prints the step, the tail of its log, and exits non-zero. The build runs in the foreground (so
-# Ctrl-C stops it); only the progress ticker runs in the background, and is always stopped.
+# load TOOL: reset the recipe interface, then source the tool's recipe (call in a subshell).
+load() {
+  VERSION="" BINS=() APT=() PREPARES=() COLD_SECONDS=0
+  unset -f prepare build
+  # shellcheck source=/dev/null
+  source "$RECIPES/$1/recipe.sh"
+  [[ -n $VERSION && ${#BINS[@]} -gt 0 ]] && declare -F build >/dev/null || {
+    say "tools/gobuild/$1/recipe.sh must set VERSION and BINS and define build()"
+    exit 2
+  }
+}
+
+is_cached() { # TOOL (after load): 0 when the marker matches
+  local dir=$TOOLS_DIR/$1-$VERSION
+  [[ -f $dir/.complete && "$(cat "$dir/.complete")" == "$(recipe_hash "$1")" ]]
+}
+
+# ---- the modes that build nothing ---------------------------------------------------------------
+case $MODE in
+apt)
+  for t in "${selected[@]}"; do (load "$t"; ((${#APT[@]})) && printf '%s\n' "${APT[@]}" || true); done | sort -u
+  exit 0
+  ;;
+plan)
+  for t in "${selected[@]}"; do
+    (load "$t"; if is_cached "$t"; then s=cached; else s=build; fi; printf '%s\t%s\t%s\t%s\n' "$t" "$VERSION" "$s" "$COLD_SECONDS")
+  done
+  exit 0
+  ;;
+prefetch)
+  for t in "${selected[@]}"; do
+    (load "$t"; is_cached "$t" || (cd "$RECIPES/$t" && go mod download))
+  done
+  exit 0
+  ;;
+prepare)
+  for t in "${selected[@]}"; do
+    (
+      load "$t"
+      OUT=$PREP_DIR/$t WORK=$PREP_DIR/$t/.src
+      mkdir -p "$WORK"
+      cp -r "$RECIPES/$t/." "$WORK/"
+      cd "$WORK"
+      if declare -F prepare >/dev/null; then prepare; fi
+      for f in "${PREPARES[@]}"; do
+        [[ -s $OUT/$f ]] || { say "$t: prepare() did not produce $f"; exit 1; }
+      done
+      say "$t: prepared"
+    )
+  done
+  exit 0
+  ;;
+esac
+
+# ---- build ----------------------------------------------------------------------------------------
+mkdir -p "$TOOLS_DIR" "$BIN" "$LOGS"
+
+# The progress ticker runs in the background and is always stopped; the build itself runs in the
+# foreground, so Ctrl-C stops it.
 TICKER=""
 stop_ticker() {
   if [[ -n $TICKER ]]; then
@@ -82,17 +157,22 @@ stop_ticker() {
   fi
 }
 trap stop_ticker EXIT
-run_step() {
-  local name=$1 fn=$2 log=$LOGS/$1.log start rc=0
+
+# run_build TOOL INDEX COUNT (after load): prepare + build into a fresh dir, marker written last.
+run_build() {
+  local tool=$1 i=$2 n=$3 dir=$TOOLS_DIR/$1-$VERSION start rc=0 expect=$COLD_SECONDS
+  local log=$LOGS/$tool-$VERSION.log
+  rm -rf "$dir"
+  mkdir -p "$dir"
   start=$(date +%s)
-  say "building $name (log: $log)"
+  say "[$i/$n] $tool $VERSION: building (a cold build took ~$(mmss "$expect") here; log: $log)"
   : >"$log"
-  # 1 s sleeps, so that no sleep outlives the ticker by more than a second.
   (
-    n=0
-    while sleep 1; do
-      n=$((n + 1))
-      if ((n % 30 == 0)); then say "  $name: still building, $(($(date +%s) - start))s elapsed"; fi
+    while sleep 30; do
+      local el=$(($(date +%s) - start)) left
+      left=$((expect - el))
+      if ((left > 0)); then left="about $(mmss "$left") left"; else left="longer than the last cold build"; fi
+      say "  [$i/$n] $tool: $(mmss "$el") elapsed, $left"
     done
   ) &
   TICKER=$!
@@ -100,129 +180,59 @@ run_step() {
   set +e
   (
     set -e
-    "$fn"
+    OUT=$dir WORK=$dir/.src
+    mkdir -p "$WORK"
+    cp -r "$RECIPES/$tool/." "$WORK/"
+    cd "$WORK"
+    if declare -F prepare >/dev/null; then prepare; fi
+    cd "$WORK"
+    build
+    rm -rf "$WORK"
   ) >>"$log" 2>&1
   rc=$?
   set -e
   stop_ticker
+  local took=$(($(date +%s) - start))
   if ((rc != 0)); then
-    say "FAILED: $name (exit $rc) after $(($(date +%s) - start))s; last lines of $log:"
+    say "FAILED: $tool $VERSION (exit $rc) after $(mmss $took); last lines of $log:"
     tail -n 40 "$log" >&2
     exit "$rc"
   fi
-  say "  $name: done in $(($(date +%s) - start))s"
-}
-
-# ensure TOOL VERSION FUNCTION BIN...: builds into tools/TOOL-VERSION unless its marker matches,
-# then points bin/BIN at each of the listed binaries (so finished tools are usable at once).
-ensure() {
-  local tool=$1 version=$2 fn=$3 want dir name
-  shift 3
-  if [[ -n $ONLY && $ONLY != *",$tool,"* ]]; then return 0; fi
-  dir=$TOOLS/$tool-$version
-  want=$(recipe_hash "$tool")
-  if [[ ! -f $dir/.complete || "$(cat "$dir/.complete")" != "$want" ]]; then
-    rm -rf "$dir"
-    mkdir -p "$dir"
-    OUT=$dir SRC=$ROOT/tools/gobuild/$tool run_step "$tool-$version" "$fn"
-    echo "$want" >"$dir/.complete"
-  fi
-  for name in "$@"; do
-    if [[ "$(readlink "$BIN/$name" 2>/dev/null)" != "$dir/$name" ]]; then
-      ln -sfn "$dir/$name" "$BIN/$name"
-    fi
-  done
-}
-
-build_etcd() {
-  cd "$SRC"
-  go build -p "$GO_PROCS" -ldflags="-s -w" -o "$OUT/etcd" go.etcd.io/etcd/server/v3
-  "$OUT/etcd" --version
-}
-
-build_kubernetes() {
-  cd "$SRC"
-  local minor ld="" p
-  minor=$(echo "$K8S_VERSION" | cut -d. -f2)
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
-    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
-  done
-  go build -p "$GO_PROCS" -tags=selinux,notest,grpcnotrace -ldflags="-s -w $ld" -o "$OUT/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
-  "$OUT/kube-apiserver" --version
-  "$OUT/kubectl" version --client
-}
-
-build_kwok() {
-  cd "$SRC"
-  local ld="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
-  ld+=" -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${K8S_VERSION#v}"
-  go build -p "$GO_PROCS" -ldflags="$ld" -o "$OUT/" sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
-  "$OUT/kwok" --version
-  # The stage configs the lab applies live in lab/kwok-stages (copied from this module).
-}
-
-build_pulumi() {
-  cd "$SRC"
-  local ld="-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION"
-  go build -p "$GO_PROCS" -tags=osusergo,grpcnotrace -ldflags="$ld" -o "$OUT/pulumi" \
-    github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
-  go build -p "$GO_PROCS" -tags=osusergo,grpcnotrace \
-    -ldflags="-s -w -X main.version=${PULUMI_VERSION#v}" -o "$OUT/pulumi-language-python" \
-    ./cmd/pulumi-language-python
-  # The executor scripts ship in the sdk/v3 module; module zips drop file modes.
-  local sdk
-  sdk=$(moddir github.com/pulumi/pulumi/sdk/v3)
-  install -m 755 "$sdk/python/cmd/pulumi-language-python-exec" "$OUT/"
-  install -m 755 "$sdk/python/dist/pulumi-resource-pulumi-python" "$OUT/"
-  "$OUT/pulumi" version
-}
-
-build_pulumi_kubernetes() {
-  # Scratch copy of the wrapper plus the generated embed files the upstream main expects.
-  local work=$OUT/.src mod
-  rm -rf "$work"
-  mkdir -p "$work"
-  cp "$SRC"/go.mod "$SRC"/go.sum "$SRC"/main.go "$work/"
-  cd "$work"
-  mod=$(moddir github.com/pulumi/pulumi-kubernetes/provider/v4)
-  python3 - "$mod/cmd/pulumi-resource-kubernetes" "$PULUMI_K8S_VERSION" <<'PY'
-import json, sys
-src, version = sys.argv[1], sys.argv[2]
-with open(f"{src}/schema.json") as f:
-    schema = json.load(f)
-schema["version"] = version
-with open("schema-embed.json", "w") as f:
-    json.dump(schema, f, separators=(",", ":"))
-with open(f"{src}/terraform-mapping.json") as f:
-    mapping = json.load(f)
-with open("terraform-mapping-embed.json", "w") as f:
-    json.dump(mapping, f, separators=(",", ":"))
-PY
-  go build -p "$GO_PROCS" \
-    -ldflags="-s -w -X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version=$PULUMI_K8S_VERSION" \
-    -o "$OUT/pulumi-resource-kubernetes" .
-  cd "$OUT"
-  rm -rf "$work"
+  recipe_hash "$tool" >"$dir/.complete"
+  printf '%s\t%s\t%s\t%s\n' "$tool" "$VERSION" "$took" "$(date -u +%FT%TZ)" >>"$LOGS/timings.tsv"
+  say "  [$i/$n] $tool: done in $(mmss $took)"
 }
 
 T0=$SECONDS
-ensure etcd "$ETCD_VERSION" build_etcd etcd
-ensure kubernetes "$K8S_VERSION" build_kubernetes \
-  kube-apiserver kube-controller-manager kube-scheduler kubectl
-ensure kwok "$KWOK_VERSION" build_kwok kwok kwokctl
-ensure pulumi "$PULUMI_VERSION" build_pulumi \
-  pulumi pulumi-language-python pulumi-language-python-exec pulumi-resource-pulumi-python
-ensure pulumi-kubernetes "$PULUMI_K8S_MODULE_VERSION" build_pulumi_kubernetes \
-  pulumi-resource-kubernetes
+todo=()
+expect_total=0
+for t in "${selected[@]}"; do
+  if ! (load "$t"; is_cached "$t"); then
+    todo+=("$t")
+    expect_total=$((expect_total + $(load "$t"; echo "$COLD_SECONDS")))
+  fi
+done
+if ((${#todo[@]})); then
+  say "to build: ${todo[*]} (a cold build of these took ~$(mmss $expect_total) on 2 cores)"
+fi
+for t in "${selected[@]}"; do
+  (
+    load "$t"
+    if [[ " ${todo[*]} " == *" $t "* ]]; then
+      run_build "$t" "$(($(printf '%s\n' "${todo[@]}" | grep -nx "$t" | cut -d: -f1)))" "${#todo[@]}"
+    fi
+    for name in "${BINS[@]}"; do
+      target=$TOOLS_DIR/$t-$VERSION/$name
+      if [[ "$(readlink "$BIN/$name" 2>/dev/null)" != "$target" ]]; then ln -sfn "$target" "$BIN/$name"; fi
+    done
+  )
+done
 
 env_sh="export AUTOHEAL_TOOLS_BIN=\"$BIN\"
 case \":\$PATH:\" in *\":$BIN:\"*) ;; *) export PATH=\"$BIN:\$PATH\" ;; esac"
-if [[ "$(cat "$TOOLS/env.sh" 2>/dev/null)" != "$env_sh" ]]; then
-  echo "$env_sh" >"$TOOLS/env.sh"
+if [[ "$(cat "$TOOLS_DIR/env.sh" 2>/dev/null)" != "$env_sh" ]]; then
+  echo "$env_sh" >"$TOOLS_DIR/env.sh"
 fi
-if ((SECONDS - T0 > 2)); then
-  say "tools ready in $((SECONDS - T0))s: . $TOOLS/env.sh (bin: $BIN)"
+if ((${#todo[@]})); then
+  say "tools ready in $(mmss $((SECONDS - T0))): . $TOOLS_DIR/env.sh (bin: $BIN)"
 fi

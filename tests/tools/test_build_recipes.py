@@ -59,7 +59,7 @@ def test_every_recipe_folder_is_built_in_order() -> None:
     folders = sorted(p.name for p in RECIPES.iterdir() if (p / "go.mod").exists())
     assert sorted(planned) == folders, "every tools/gobuild/<tool> needs a recipe.sh and a place in TOOLS"
     for line in listed.stdout.splitlines():
-        tool, version, state, cold = line.split("\t")
+        _tool, version, state, cold = line.split("\t")
         assert version and state in {"cached", "build"} and int(cold) > 0, line
 
 

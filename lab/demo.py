@@ -14,7 +14,6 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from rich.text import Text
 from autoheal.errors import LabError
 from autoheal.paths import data_root
 from lab import lab as labmod
-from lab import runner, slurm
+from lab import procs, runner, slurm
 from lab.config import LabConfig
 
 EXAMPLES = data_root() / "examples"
@@ -176,14 +175,6 @@ def _parse_ts(s: str) -> float:
     return datetime.fromisoformat(s).timestamp()
 
 
-def _wait(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise LabError(f"demo: timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.25)
-
-
 def submit(cfg: LabConfig, ckpt: Path, out: Path, args: str) -> str:
     env = dict(
         os.environ,
@@ -279,38 +270,14 @@ def trial(
     live: bool = True,
 ) -> dict[str, Any]:
     """One fault on a running lab: submit, wait for progress, inject, watch until resumed."""
-    rdir.mkdir(parents=True, exist_ok=True)
-    ckpt = rdir / "ckpt"
-    if ckpt.is_dir():
-        for f in ckpt.iterdir():
-            f.unlink()
-    train_out = rdir / "train.out"
-    train_out.unlink(missing_ok=True)
+    ckpt, train_out = _fresh_outputs(rdir)
     job = submit(cfg, ckpt, train_out, "--step-time 0.1 --ckpt-every 100")
     console.print(f"submitted training job {job} (sbatch examples/train.sbatch, 2 nodes x 8 GPUs)")
-    _wait(lambda: len(job_nodes(cfg, job)) == 2, 90, "the training job to start")
+    procs.wait_until(
+        lambda: len(job_nodes(cfg, job)) == 2, 90, "demo: the training job to start", interval=0.25
+    )
     nodes = job_nodes(cfg, job)
-    # another team's job fills the rest of the pool, so the requeued job needs the promoted spare
-    filler = None
-    others = idle_nodes(cfg)
-    if others:
-        filler = slurm.run(
-            cfg,
-            [
-                "sbatch",
-                "--parsable",
-                "-N",
-                str(len(others)),
-                "--gres=gpu:8",
-                "-J",
-                "other-team",
-                "--no-requeue",
-                "-o",
-                "/dev/null",
-                "--wrap",
-                "sleep 3600",
-            ],
-        ).strip()
+    filler = _fill_pool(cfg)
     w = Watch(cfg, ckpt, job, nodes[0])
 
     def progressed() -> bool:
@@ -318,7 +285,7 @@ def trial(
         return w.step >= 60
 
     try:
-        _wait(progressed, 120, "training progress")
+        procs.wait_until(progressed, 120, "demo: training progress", interval=0.25)
         where = f"{w.node} GPU {DEMO_GPU}"
         console.print(f"training on {', '.join(nodes)}: step {w.step}; injecting XID {DEMO_XID} on {where}")
         w.t_fault = time.time()
@@ -340,6 +307,28 @@ def trial(
     if not w.done():
         raise LabError(f"demo: the job did not resume within {timeout:.0f}s; see {train_out}")
     return report
+
+
+def _fresh_outputs(rdir: Path) -> tuple[Path, Path]:
+    """The checkpoint dir and the job's output file, emptied: a rerun starts from step 0."""
+    rdir.mkdir(parents=True, exist_ok=True)
+    ckpt = rdir / "ckpt"
+    if ckpt.is_dir():
+        for f in ckpt.iterdir():
+            f.unlink()
+    train_out = rdir / "train.out"
+    train_out.unlink(missing_ok=True)
+    return ckpt, train_out
+
+
+def _fill_pool(cfg: LabConfig) -> str | None:
+    """Another team's job on every idle node, so the requeued job needs the promoted spare."""
+    others = idle_nodes(cfg)
+    if not others:
+        return None
+    argv = ["sbatch", "--parsable", "-N", str(len(others)), "--gres=gpu:8", "-J", "other-team"]
+    argv += ["--no-requeue", "-o", "/dev/null", "--wrap", "sleep 3600"]
+    return slurm.run(cfg, argv).strip()
 
 
 def _watch(w: Watch, job: str, timeout: float, console: Console, live: bool) -> None:

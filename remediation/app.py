@@ -27,7 +27,7 @@ from remediation.auth import check_bearer
 from remediation.committer import GroupCommitter
 from remediation.config import RunnerConfig
 from remediation.errors import AuthError, JournalError, PayloadError
-from remediation.incidents import Intake
+from remediation.incidents import DeliveryResult, Intake
 from remediation.journal import Journal
 from remediation.metrics import Metrics
 from remediation.models import WebhookPayload
@@ -71,6 +71,35 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _parse_payload(body: bytes) -> WebhookPayload | tuple[int, dict[str, object]]:
+    """The validated payload, or the status and body of the 4xx reply that refuses it (never
+    retried by Alertmanager: the same body would fail again)."""
+    try:
+        return WebhookPayload.model_validate_json(body)
+    except PydanticValidationError as exc:
+        errors = exc.errors()
+        if any(e["type"] == "json_invalid" for e in errors):
+            return 400, {"error": "body is not JSON"}
+        where = sorted({".".join(str(x) for x in e["loc"][:3]) for e in errors})[:5]
+        return 422, {"error": "not an Alertmanager v4 payload", "fields": where}
+    except RecursionError:
+        return 400, {"error": "body nests too deeply"}
+
+
+def _count_outcomes(metrics: Metrics, alerts: int, result: DeliveryResult) -> None:
+    """What became of each alert of a delivery; the rest joined an open incident."""
+    counts = {
+        "incident": len(result.created),
+        "unrouted": result.unrouted,
+        "rejected": result.rejected,
+        "resolved_unmatched": result.resolved_unmatched,
+    }
+    counts["joined"] = alerts - sum(counts.values())
+    for outcome, n in counts.items():
+        if n:
+            metrics.alerts.labels(outcome=outcome).inc(n)
+
+
 def create_app(rt: Runtime) -> Starlette:
     def reply(code: int, body: dict[str, object], started: float, **headers: str) -> Response:
         rt.metrics.webhook_requests.labels(code=str(code)).inc()
@@ -87,16 +116,9 @@ def create_app(rt: Runtime) -> Starlette:
             body = await _read_body(request, rt.max_body_bytes)
         except _TooLarge:
             return reply(413, {"error": f"body larger than {rt.max_body_bytes} bytes"}, started)
-        try:
-            payload = WebhookPayload.model_validate_json(body)
-        except PydanticValidationError as exc:
-            errors = exc.errors()
-            if any(e["type"] == "json_invalid" for e in errors):
-                return reply(400, {"error": "body is not JSON"}, started)
-            where = sorted({".".join(str(x) for x in e["loc"][:3]) for e in errors})[:5]
-            return reply(422, {"error": "not an Alertmanager v4 payload", "fields": where}, started)
-        except RecursionError:
-            return reply(400, {"error": "body nests too deeply"}, started)
+        payload = _parse_payload(body)
+        if not isinstance(payload, WebhookPayload):
+            return reply(*payload, started)
         try:
             routed = rt.intake.route(payload)
         except PayloadError as exc:
@@ -107,22 +129,7 @@ def create_app(rt: Runtime) -> Starlette:
         except JournalError as exc:
             log.error("journal write failed, nothing recorded: %s", exc)
             return reply(500, {"error": "journal unavailable; nothing recorded"}, started)
-        for outcome, n in (
-            ("incident", len(result.created)),
-            ("unrouted", result.unrouted),
-            ("rejected", result.rejected),
-            ("resolved_unmatched", result.resolved_unmatched),
-            (
-                "joined",
-                len(payload.alerts)
-                - len(result.created)
-                - result.unrouted
-                - result.rejected
-                - result.resolved_unmatched,
-            ),
-        ):
-            if n:
-                rt.metrics.alerts.labels(outcome=outcome).inc(n)
+        _count_outcomes(rt.metrics, len(payload.alerts), result)
         if rt.worker is not None and result.created:
             rt.worker.wake()
         return reply(200, {"status": "recorded", **result.as_dict()}, started)

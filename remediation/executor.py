@@ -258,10 +258,37 @@ class Executor:
         extravars = play_vars.extravars()
         private = self.run_dir(run_id)
         private.mkdir(parents=True, exist_ok=True)
-        started: dict[str, float] = {}
-        state: dict[str, Any] = {"reason": ""}
-        repo = self.playbook_dir.parent
-        env = {
+        watch = _PlayWatch(self.step_timeout, on_pid, on_step, on_tick)
+        try:
+            runner = ansible_runner.run(
+                private_data_dir=str(private),
+                playbook=str(path),
+                inventory=(f"localhost ansible_connection=local ansible_python_interpreter={self.python}"),
+                extravars=extravars,
+                cmdline="--check" if play_vars.dry_run else None,
+                envvars=self._ansible_env(),
+                settings={"pexpect_timeout": 0.2, "suppress_ansible_output": True},
+                event_handler=watch.handle,
+                cancel_callback=watch.cancel,
+                timeout=self.run_timeout,
+                quiet=True,
+                ident="play",
+                rotate_artifacts=1,
+            )
+        except Exception as exc:  # ansible-runner raises on bad config, missing binaries
+            return RunOutcome("error", None, f"ansible-runner failed to start: {exc}")
+        on_tick()
+        status = str(runner.status)
+        detail = watch.reason if status in ("canceled", "timeout") else ""
+        if status == "canceled" and watch.step_timed_out:
+            status = "timeout"
+        if status == "timeout" and not detail:
+            detail = f"run exceeded {self.run_timeout}s"
+        return RunOutcome(status, runner.rc, detail)
+
+    def _ansible_env(self) -> dict[str, str]:
+        repo = self.playbook_dir.parent  # the data root: roles/ and collections/ beside playbooks/
+        return {
             "ANSIBLE_LOCALHOST_WARNING": "False",
             "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False",
             "ANSIBLE_RETRY_FILES_ENABLED": "False",
@@ -272,62 +299,52 @@ class Executor:
             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)]),
         }
 
-        def handle(event: dict[str, Any]) -> bool:
-            kind = str(event.get("event", ""))
-            data = event.get("event_data") or {}
-            now = time.time()
-            if kind == "playbook_on_start" and isinstance(event.get("pid"), int):
-                on_pid(int(event["pid"]))
-            elif kind == "runner_on_start":
-                started[str(data.get("task_uuid", ""))] = now
-            elif _STEP_END.get(kind):
-                t0 = started.pop(str(data.get("task_uuid", "")), None)
-                on_step(
-                    str(data.get("task", "")),
-                    str(data.get("host", "")),
-                    str(_STEP_END[kind]),
-                    bool((data.get("res") or {}).get("changed")),
-                    t0,
-                    now,
-                )
-            return True
 
-        def cancel() -> bool:
-            now = time.time()
-            if any(now - t0 > self.step_timeout for t0 in started.values()):
-                state["reason"] = f"a step ran longer than {self.step_timeout:.0f}s"
-                return True
-            if on_tick():
-                state["reason"] = "cancelled"
-                return True
-            return False
+class _PlayWatch:
+    """ansible-runner's callbacks for one run: its events become step rows, and its cancel poll
+    enforces the step timeout and the caller's cancel."""
 
-        try:
-            runner = ansible_runner.run(
-                private_data_dir=str(private),
-                playbook=str(path),
-                inventory=(f"localhost ansible_connection=local ansible_python_interpreter={self.python}"),
-                extravars=extravars,
-                cmdline="--check" if play_vars.dry_run else None,
-                envvars=env,
-                settings={"pexpect_timeout": 0.2, "suppress_ansible_output": True},
-                event_handler=handle,
-                cancel_callback=cancel,
-                timeout=self.run_timeout,
-                quiet=True,
-                ident="play",
-                rotate_artifacts=1,
+    def __init__(
+        self,
+        step_timeout: float,
+        on_pid: Callable[[int], None],
+        on_step: StepSink,
+        on_tick: Callable[[], bool],
+    ) -> None:
+        self.step_timeout = step_timeout
+        self.on_pid = on_pid
+        self.on_step = on_step
+        self.on_tick = on_tick
+        self.started: dict[str, float] = {}  # task uuid -> start, for tasks still running
+        self.reason = ""  # why the run was cancelled
+        self.step_timed_out = False
+
+    def handle(self, event: dict[str, Any]) -> bool:
+        kind = str(event.get("event", ""))
+        data = event.get("event_data") or {}
+        now = time.time()
+        if kind == "playbook_on_start" and isinstance(event.get("pid"), int):
+            self.on_pid(int(event["pid"]))
+        elif kind == "runner_on_start":
+            self.started[str(data.get("task_uuid", ""))] = now
+        elif _STEP_END.get(kind):
+            t0 = self.started.pop(str(data.get("task_uuid", "")), None)
+            changed = bool((data.get("res") or {}).get("changed"))
+            self.on_step(
+                str(data.get("task", "")), str(data.get("host", "")), str(_STEP_END[kind]), changed, t0, now
             )
-        except Exception as exc:  # ansible-runner raises on bad config, missing binaries
-            return RunOutcome("error", None, f"ansible-runner failed to start: {exc}")
-        on_tick()
-        status = str(runner.status)
-        detail = state["reason"] if status in ("canceled", "timeout") else ""
-        if status == "canceled" and state["reason"].startswith("a step"):
-            status = "timeout"
-        if status == "timeout" and not detail:
-            detail = f"run exceeded {self.run_timeout}s"
-        return RunOutcome(status, runner.rc, detail)
+        return True  # keep ansible-runner's own record of the event too
+
+    def cancel(self) -> bool:
+        now = time.time()
+        if any(now - t0 > self.step_timeout for t0 in self.started.values()):
+            self.reason = f"a step ran longer than {self.step_timeout:.0f}s"
+            self.step_timed_out = True
+            return True
+        if self.on_tick():
+            self.reason = "cancelled"
+            return True
+        return False
 
 
 def _is_play(argv: Sequence[str]) -> bool:

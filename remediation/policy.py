@@ -83,79 +83,94 @@ class Policy:
         """Decisions for `pending` (oldest first) and, if this round trips the breaker, why."""
         if not pending:
             return [], None
+        rnd = self._read_round(pending)
+        out = [self._decide_one(inc, now, rnd) for inc in sorted(pending, key=lambda i: (i.opened_at, i.id))]
+        return out, rnd.tripped
+
+    def _read_round(self, pending: list[IncidentRecord]) -> _Round:
         cfg = self.config
         # targeted reads: the cost of a round does not grow with the fleet (see remediation/kube.py)
-        opted = self.kube.nodes_labelled(cfg.opt_out_label)
-        opted_pods = self.kube.nodes_with_labelled_pods(cfg.opt_out_label)
-        active = self.journal.incidents(["admitted", "running"])
-        in_use = {i.node for i in active}
+        in_use = {i.node for i in self.journal.incidents(["admitted", "running"])}
         node_pool = self.kube.pools(cfg.pool_label, {i.node for i in pending})
-        pools: Counter[str] = Counter(node_pool.values())
-        pool_use: Counter[str] = Counter(node_pool.get(n, "") for n in in_use)
-        breaker = breaker_state(self.journal)
-        tripped: str | None = None
-        out: list[Decision] = []
-        count_since = self.journal.count_node_incidents
-        for inc in sorted(pending, key=lambda i: (i.opened_at, i.id)):
-            tier = Tier(inc.tier)
-            dry = cfg.dry_run or inc.rule_dry_run
-            if tier is Tier.NOTIFY:
-                out.append(
-                    Decision(inc.id, "notify", tier.value, False, dry, f"XID {inc.xid} is notify-only")
-                )
-                continue
-            if inc.node in in_use:
-                out.append(Decision(inc.id, "wait", tier.value, False, dry, "node already in remediation"))
-                continue
-            esc = self.catalog.escalation
-            repeats = count_since(inc.node, now - esc.window_seconds)
-            reason = "admitted"
-            if tier is Tier.RESET and repeats >= esc.repeats:
-                tier = Tier.REPLACE
-                reason = f"escalated to replace: {repeats} incidents in {esc.window_seconds}s"
-            labels = opted.get(inc.node, {})
-            opt_out = label_is_set(labels, cfg.opt_out_label) or inc.node in opted_pods
-            if opt_out:
-                reason = "opt-out: " + (
-                    "node label" if label_is_set(labels, cfg.opt_out_label) else "labelled pod on the node"
-                )
-            action: Action = "admit"
-            cap = cfg.node_cap
-            count = count_since(inc.node, now - cap.window_seconds)
-            if count > cap.max_incidents:
-                action, opt_out = "quarantine", True
-                reason = f"quarantine: {count} incidents in {cap.window_seconds}s (cap {cap.max_incidents})"
-            if breaker.open or tripped:
-                out.append(
-                    Decision(
-                        inc.id,
-                        "hold",
-                        tier.value,
-                        opt_out,
-                        dry,
-                        "circuit breaker open: " + (tripped or breaker.reason),
-                    )
-                )
-                continue
-            pool = node_pool.get(inc.node)
-            limit = budget_limit(
-                cfg.budgets.max_nodes, cfg.budgets.max_pool_percent, pools[pool] if pool else None
-            )
-            pool_limit_hit = pool is not None and pool_use[pool] + 1 > limit
-            if len(in_use) + 1 > cfg.budgets.max_nodes or pool_limit_hit:
-                where = f"pool {pool!r}" if pool_limit_hit else "fleet"
-                used = pool_use[pool] if pool_limit_hit and pool else len(in_use)
-                lim = limit if pool_limit_hit else cfg.budgets.max_nodes
-                tripped = (
-                    f"storm: budget of {lim} node(s) for {where} in use ({used}) "
-                    f"and node {inc.node} needs remediation"
-                )
-                out.append(
-                    Decision(inc.id, "hold", tier.value, opt_out, dry, "circuit breaker open: " + tripped)
-                )
-                continue
-            in_use.add(inc.node)
-            if pool:
-                pool_use[pool] += 1
-            out.append(Decision(inc.id, action, tier.value, opt_out, dry, reason))
-        return out, tripped
+        return _Round(
+            opted=self.kube.nodes_labelled(cfg.opt_out_label),
+            opted_pods=self.kube.nodes_with_labelled_pods(cfg.opt_out_label),
+            in_use=in_use,
+            node_pool=node_pool,
+            pools=Counter(node_pool.values()),
+            pool_use=Counter(node_pool.get(n, "") for n in in_use),
+            breaker=breaker_state(self.journal),
+        )
+
+    def _decide_one(self, inc: IncidentRecord, now: float, rnd: _Round) -> Decision:
+        tier = Tier(inc.tier)
+        dry = self.config.dry_run or inc.rule_dry_run
+        if tier is Tier.NOTIFY:
+            return Decision(inc.id, "notify", tier.value, False, dry, f"XID {inc.xid} is notify-only")
+        if inc.node in rnd.in_use:
+            return Decision(inc.id, "wait", tier.value, False, dry, "node already in remediation")
+        tier, action, opt_out, reason = self._classify(inc, tier, now, rnd)
+        if rnd.breaker.open or rnd.tripped:
+            why = "circuit breaker open: " + (rnd.tripped or rnd.breaker.reason)
+            return Decision(inc.id, "hold", tier.value, opt_out, dry, why)
+        storm = self._over_budget(inc.node, rnd)
+        if storm:
+            rnd.tripped = storm
+            return Decision(inc.id, "hold", tier.value, opt_out, dry, "circuit breaker open: " + storm)
+        rnd.claim(inc.node)
+        return Decision(inc.id, action, tier.value, opt_out, dry, reason)
+
+    def _classify(
+        self, inc: IncidentRecord, tier: Tier, now: float, rnd: _Round
+    ) -> tuple[Tier, Action, bool, str]:
+        """Escalation, opt-out and the per-node cap: (tier, action, opt-out, reason)."""
+        cfg = self.config
+        esc = self.catalog.escalation
+        repeats = self.journal.count_node_incidents(inc.node, now - esc.window_seconds)
+        reason = "admitted"
+        if tier is Tier.RESET and repeats >= esc.repeats:
+            tier = Tier.REPLACE
+            reason = f"escalated to replace: {repeats} incidents in {esc.window_seconds}s"
+        node_opted = label_is_set(rnd.opted.get(inc.node, {}), cfg.opt_out_label)
+        opt_out = node_opted or inc.node in rnd.opted_pods
+        if opt_out:
+            reason = "opt-out: " + ("node label" if node_opted else "labelled pod on the node")
+        cap = cfg.node_cap
+        count = self.journal.count_node_incidents(inc.node, now - cap.window_seconds)
+        if count > cap.max_incidents:
+            reason = f"quarantine: {count} incidents in {cap.window_seconds}s (cap {cap.max_incidents})"
+            return tier, "quarantine", True, reason
+        return tier, "admit", opt_out, reason
+
+    def _over_budget(self, node: str, rnd: _Round) -> str | None:
+        """Why admitting `node` would exceed the fleet or pool budget (a storm), or None."""
+        budgets = self.config.budgets
+        pool = rnd.node_pool.get(node)
+        limit = budget_limit(budgets.max_nodes, budgets.max_pool_percent, rnd.pools[pool] if pool else None)
+        if pool is not None and rnd.pool_use[pool] + 1 > limit:
+            where, used, lim = f"pool {pool!r}", rnd.pool_use[pool] if pool else len(rnd.in_use), limit
+        elif len(rnd.in_use) + 1 > budgets.max_nodes:
+            where, used, lim = "fleet", len(rnd.in_use), budgets.max_nodes
+        else:
+            return None
+        return f"storm: budget of {lim} node(s) for {where} in use ({used}) and node {node} needs remediation"
+
+
+@dataclass
+class _Round:
+    """What one decision round reads once (opt-outs, pools, the nodes in remediation, the
+    breaker) and what it has admitted or tripped so far."""
+
+    opted: dict[str, dict[str, str]]
+    opted_pods: set[str]
+    in_use: set[str]
+    node_pool: dict[str, str]
+    pools: Counter[str]
+    pool_use: Counter[str]
+    breaker: BreakerState
+    tripped: str | None = None
+
+    def claim(self, node: str) -> None:
+        self.in_use.add(node)
+        if pool := self.node_pool.get(node):
+            self.pool_use[pool] += 1

@@ -183,10 +183,8 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
 
 def start_simulator(cfg: LabConfig) -> None:
     port = cfg.port("simulator")
-    if not procs.port_free(port):
-        raise LabError(f"simulator: port {port} is in use; choose another --port-base")
     gpus = max(p.gpus_per_node for p in cfg.pools)
-    proc = procs.spawn(
+    procs.start_service(
         "simulator",
         [
             sys.executable,
@@ -198,12 +196,9 @@ def start_simulator(cfg: LabConfig) -> None:
             f"--state={cfg.run_dir / 'simulator.json'}",
         ],
         cfg.run_dir,
-    )
-    procs.wait_until(
-        lambda: httpx.get(cfg.url("simulator", "/healthz"), timeout=1).status_code == 200,
-        20,
-        "simulator",
-        proc,
+        port=port,
+        ready=procs.http_ok(cfg.url("simulator", "/healthz")),
+        timeout=20,
     )
 
 

@@ -249,19 +249,13 @@ def start(cfg: LabConfig) -> None:
     """Start the controller process of a lab and wait for its API."""
     import sys
 
-    port = cfg.port("pool_controller")
-    if not procs.port_free(port):
-        raise LabError(f"pool-controller: port {port} is in use; choose another --port-base")
-    proc = procs.spawn(
+    procs.start_service(
         "pool-controller",
         [sys.executable, "-m", "lab.pool", f"--root={cfg.root}", f"--name={cfg.name}"],
         cfg.run_dir,
-    )
-    procs.wait_until(
-        lambda: httpx.get(cfg.url("pool_controller", "/healthz"), timeout=1).status_code == 200,
-        20,
-        "pool-controller",
-        proc,
+        port=cfg.port("pool_controller"),
+        ready=procs.http_ok(cfg.url("pool_controller", "/healthz")),
+        timeout=20,
     )
 
 

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from autoheal import proc as kernel
 from autoheal.errors import LabError
 
@@ -220,6 +222,32 @@ def log_tail(path: Path, lines: int = 5, sep: str = " | ") -> str:
     except OSError:
         return ""
     return sep.join(data.strip().splitlines()[-lines:])
+
+
+def start_service(
+    name: str,
+    argv: Sequence[str],
+    run_dir: Path,
+    *,
+    ready: Callable[[], bool],
+    timeout: float,
+    port: int | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Proc:
+    """Start a daemon and wait until `ready()`. A taken port fails before anything starts (its
+    health check could otherwise be answered by another lab's server); a daemon that exits while
+    starting fails at once, naming its log."""
+    if port is not None and not port_free(port):
+        raise LabError(f"{name}: port {port} is in use; choose another --port-base")
+    proc = spawn(name, argv, run_dir, env=env, cwd=cwd)
+    wait_until(ready, timeout, name, proc)
+    return proc
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    """A readiness check: `url` answers 200."""
+    return lambda: httpx.get(url, timeout=1.0).status_code == 200
 
 
 def wait_until(

@@ -30,10 +30,6 @@ def check_installed() -> None:
             raise LabError(f"{binary}: not installed (Debian package {pkg}); run scripts/bootstrap.sh")
 
 
-def _ready(url: str) -> bool:
-    return httpx.get(url, timeout=1.0).status_code == 200
-
-
 def write_config(cfg: LabConfig) -> None:
     d = cfg.run_dir / "monitoring"
     d.mkdir(parents=True, exist_ok=True)
@@ -57,10 +53,8 @@ def write_config(cfg: LabConfig) -> None:
 
 def start_prometheus(cfg: LabConfig) -> None:
     port = cfg.port("prometheus")
-    if not procs.port_free(port):
-        raise LabError(f"prometheus: port {port} is in use; choose another --port-base")
     d = cfg.run_dir / "monitoring"
-    proc = procs.spawn(
+    procs.start_service(
         "prometheus",
         [
             PROMETHEUS,
@@ -71,16 +65,16 @@ def start_prometheus(cfg: LabConfig) -> None:
             f"--web.external-url=http://127.0.0.1:{port}",
         ],
         cfg.run_dir,
+        port=port,
+        ready=procs.http_ok(cfg.url("prometheus", "/-/ready")),
+        timeout=30,
     )
-    procs.wait_until(lambda: _ready(cfg.url("prometheus", "/-/ready")), 30, "prometheus", proc)
 
 
 def start_alertmanager(cfg: LabConfig) -> None:
     port = cfg.port("alertmanager")
-    if not procs.port_free(port):
-        raise LabError(f"alertmanager: port {port} is in use; choose another --port-base")
     d = cfg.run_dir / "monitoring"
-    proc = procs.spawn(
+    procs.start_service(
         "alertmanager",
         [
             ALERTMANAGER,
@@ -91,8 +85,10 @@ def start_alertmanager(cfg: LabConfig) -> None:
             f"--web.external-url=http://127.0.0.1:{port}",
         ],
         cfg.run_dir,
+        port=port,
+        ready=procs.http_ok(cfg.url("alertmanager", "/-/ready")),
+        timeout=30,
     )
-    procs.wait_until(lambda: _ready(cfg.url("alertmanager", "/-/ready")), 30, "alertmanager", proc)
 
 
 def wait_pipeline(cfg: LabConfig, timeout: float = 30.0) -> None:

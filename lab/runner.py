@@ -11,10 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
-from autoheal.errors import LabError
 from autoheal.paths import data_root
 from lab import procs
 from lab.config import LabConfig
@@ -69,21 +67,15 @@ def write_config(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> Pat
 
 
 def start(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> None:
-    port = cfg.port("runner")
-    if not procs.port_free(port):
-        raise LabError(f"runner: port {port} is in use; choose another --port-base")
     path = write_config(cfg, overrides)
     cli = Path(sys.executable).with_name("autoheal")
-    proc = procs.spawn(
+    procs.start_service(
         "runner",
         [str(cli), "serve", "--config", str(path)],
         cfg.run_dir,
+        port=cfg.port("runner"),
+        ready=procs.http_ok(cfg.url("runner", "/readyz")),
+        timeout=30,
         env={"AUTOHEAL_LAB_ROOT": str(cfg.root), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
         cwd=REPO,
-    )
-    procs.wait_until(
-        lambda: httpx.get(cfg.url("runner", "/readyz"), timeout=1).status_code == 200,
-        30,
-        "runner",
-        proc,
     )

@@ -96,16 +96,15 @@ def start_munge(cfg: LabConfig) -> None:
 
 
 def start_slurmctld(cfg: LabConfig) -> None:
-    port = cfg.port("slurmctld")
-    if not procs.port_free(port):
-        raise LabError(f"slurmctld: port {port} is in use; choose another --port-base")
-    proc = procs.spawn(
+    procs.start_service(
         "slurmctld",
         [_bin("slurmctld"), "-D", "-i", "-f", str(cfg.slurm_conf)],
         cfg.run_dir,
+        port=cfg.port("slurmctld"),
+        ready=lambda: "UP" in run(cfg, ["scontrol", "ping"], timeout=5),
+        timeout=30,
         env=cfg.slurm_env(),
     )
-    procs.wait_until(lambda: "UP" in run(cfg, ["scontrol", "ping"], timeout=5), 30, "slurmctld", proc)
 
 
 def slurmd_name(node: str) -> str:

@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator
 
 from autoheal.labels import OPT_OUT_LABEL, POOL_LABEL, QUARANTINED, STATE_LABEL
+from autoheal.yamlfile import read_yaml
 from remediation.errors import RunnerConfigError
 
 
@@ -156,10 +156,5 @@ def parse_config(data: Any, origin: str, base: Path, env: dict[str, str] | None 
 
 def load_config(path: Path, env: dict[str, str] | None = None) -> RunnerConfig:
     """Load the runner config file, applying AUTOHEAL_* overrides from `env` (default: os.environ)."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise RunnerConfigError(f"{path}: cannot read the runner config: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise RunnerConfigError(f"{path}: not valid YAML: {exc}") from exc
+    data = read_yaml(path, "the runner config", RunnerConfigError)
     return parse_config(data, str(path), path.parent.resolve(), dict(os.environ) if env is None else env)

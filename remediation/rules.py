@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autoheal.xid import Tier
+from autoheal.yamlfile import read_yaml
 from remediation.errors import RulesError
 
 CONTRACT_VARS = frozenset(
@@ -259,10 +259,4 @@ def parse_rules(data: Any, origin: str) -> Rules:
 
 
 def load_rules(path: Path) -> Rules:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise RulesError(f"{path}: cannot read the rules file: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise RulesError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_rules(data, str(path))
+    return parse_rules(read_yaml(path, "the rules file", RulesError), str(path))

@@ -26,7 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from autoheal.paths import data_root
+
+REPO = data_root()  # playbooks/, roles/, ansible.cfg
 BIN = Path(sys.executable).parent
 NAME = "rbbench"
 PORT_BASE = 26000

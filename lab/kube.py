@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ SERVICES: tuple[str, ...] = (
 )
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_ANNOTATION_VALUE = "fake"
-STAGES_DIR = Path(__file__).with_name("kwok-stages")
+STAGES_DIR = Path(str(resources.files("lab") / "kwok-stages"))  # package data of the lab
 SERVICE_CIDR = "10.96.0.0/12"
 _STOP_GRACE_S = 10.0
 

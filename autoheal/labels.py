@@ -33,7 +33,7 @@ REPLACES_ANNOTATION: Final = f"{DOMAIN}/replaces"  # on a promoted spare: the no
 POLICY_WAIVER_ANNOTATION: Final = f"{DOMAIN}/policy-waiver"
 REMEDIATION_ANNOTATION: Final = f"{DOMAIN}/remediation"
 STATE_DIR_ANNOTATION: Final = f"{DOMAIN}/state-dir"
-TOKEN_SECRET_ANNOTATION: Final = f"{DOMAIN}/token-secret"  # noqa: S105 (a key name)
+TOKEN_SECRET_ANNOTATION: Final = f"{DOMAIN}/token-secret"
 
 # --- the objects the Pulumi components declare (the policy pack and the review read them) ------
 # Kubernetes' recommended labels, on every object of ours; COMPONENT_LABEL tells the policy pack

@@ -64,7 +64,9 @@ def _project_imports(path: Path, root: Path = REPO) -> list[str]:
             names = [node.module]
         else:
             continue
-        found += [f"{path.relative_to(root)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in PACKAGES]
+        found += [
+            f"{path.relative_to(root)}:{node.lineno}: {n}" for n in names if n.split(".")[0] in PACKAGES
+        ]
     return found
 
 

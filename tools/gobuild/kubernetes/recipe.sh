@@ -2,7 +2,7 @@
 # ./staging folders, so `go install` is refused: the wrapper's go.mod replaces each with the
 # published v0.<minor>.<patch>. Version strings are set with -X (else binaries say v0.0.0-master).
 VERSION=v1.36.3
-BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 COLD_SECONDS=400
 
 build() {

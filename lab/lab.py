@@ -232,11 +232,16 @@ class Teardown:
     killed: int = 0  # of those, how many the sweep had to SIGKILL
 
     def summary(self) -> str:
-        text = f"stopped {len(self.services)} services"
+        text = f"stopped {_count(len(self.services), 'service')}"
         if self.jobs or self.job_processes:
-            text += f", cancelled {len(self.jobs)} jobs, ended {self.job_processes} job processes"
+            text += f", cancelled {_count(len(self.jobs), 'job')}"
+            text += f", ended {_count(self.job_processes, 'job process', 'job processes')}"
             text += f" ({self.killed} by SIGKILL)" if self.killed else ""
         return text
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def down(cfg: LabConfig) -> Teardown:

@@ -102,7 +102,7 @@ def test_down_ends_the_jobs_the_lab_ran_and_nothing_of_another_lab(tmp_path):
         done = labmod.down(mine)
         assert done.jobs == [job]
         assert done.job_processes >= 5, done  # 3 slurmstepd, the batch script, srun, 2 tasks
-        assert "cancelled 1 jobs" in done.summary()
+        assert "cancelled 1 job, ended " in done.summary()
         left = processes_pointing_into(mine.run_dir, mine.socket_dir)
         assert left == {}, left
         assert set(processes_pointing_into(other.run_dir, other.socket_dir)) >= set(others)

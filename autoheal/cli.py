@@ -27,6 +27,26 @@ console = Console(stderr=True)
 out = Console()
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"autoheal {version('autoheal')}")
+        except PackageNotFoundError:  # a source tree that was never installed
+            print("autoheal (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """autoheal: self-healing GPU training clusters (Slurm on Kubernetes)."""
 PLUGIN_GROUP = "autoheal.cli"
 
 

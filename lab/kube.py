@@ -396,7 +396,9 @@ def lease_seconds(n_nodes: int) -> int:
     return 40 if n_nodes <= 300 else 600
 
 
-def _argv(run_dir: Path, ports: Ports, n_nodes: int = 0) -> dict[str, list[str]]:
+def _argv(
+    run_dir: Path, ports: Ports, n_nodes: int = 0, advertise_address: str = "127.0.0.1"
+) -> dict[str, list[str]]:
     lease = lease_seconds(n_nodes)
     pki = run_dir / "pki"
     kubeconfig = str(run_dir / "kubeconfig")
@@ -428,7 +430,14 @@ def _argv(run_dir: Path, ports: Ports, n_nodes: int = 0) -> dict[str, list[str]]
             str(tool_path("kube-apiserver")),
             f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            # real nodes (lab/nodes) reach the API server on their bridge's address, and so
+            # do their pods through the `kubernetes` Service, whose endpoint this is
+            f"--advertise-address={advertise_address}",
+            # ask kubelets for logs/exec by node IP (a node name would go to the host's DNS),
+            # authenticated with the admin client certificate (kubelets trust the lab CA)
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki / 'admin.crt'}",
+            f"--kubelet-client-key={pki / 'admin.key'}",
             f"--secure-port={ports.apiserver}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
@@ -529,6 +538,7 @@ def start_control_plane(
     nodes: Sequence[KubeNodeSpec],
     port_base: int,
     timeout: float = 120.0,
+    advertise_address: str = "127.0.0.1",
 ) -> KubeHandle:
     """Start etcd, the API server, controller manager, scheduler and KWOK; add ``nodes``.
 
@@ -553,7 +563,7 @@ def start_control_plane(
         generate_pki(run_dir / "pki")
         _write_kubeconfig(run_dir / "kubeconfig", run_dir / "pki", api_url)
         _write_kwok_config(run_dir)
-        argv = _argv(run_dir, ports, len(nodes))
+        argv = _argv(run_dir, ports, len(nodes), advertise_address)
         checks = _health_checks(run_dir, ports)
         started: dict[str, procs.Proc] = {}
         for service in ("etcd", "kube-apiserver"):

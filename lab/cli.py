@@ -56,6 +56,10 @@ def lab_up(
     provision_delay: Annotated[
         float, typer.Option(help="Seconds the pool controller takes to bring a replacement.")
     ] = 5.0,
+    real_nodes: Annotated[
+        int,
+        typer.Option(help="How many nodes are real (containerd + kubelet + kube-proxy) instead of KWOK."),
+    ] = 0,
 ) -> None:
     """Start the lab (idempotent: a running lab is left as it is)."""
     kw: dict[str, object] = {}
@@ -70,6 +74,7 @@ def lab_up(
         runner=runner,
         grace_seconds=grace,
         provision_delay=provision_delay,
+        real_nodes=real_nodes,
         **kw,  # type: ignore[arg-type]
     )
     cfg = labmod.up(cfg, _progress)
@@ -155,6 +160,10 @@ def lab_demo(
     provision_delay: Annotated[float, typer.Option(help="Cloud provisioning delay (s).")] = 5.0,
     report_dir: Annotated[Path | None, typer.Option(help="Where report.json and timeline.png go.")] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 600,
+    real_nodes: Annotated[
+        int,
+        typer.Option(help="How many of the pool's nodes are real (containerd + kubelet) instead of KWOK."),
+    ] = 2,
     json_: JsonOpt = False,
 ) -> None:
     """A GPU dies during training and the job resumes by itself: the whole story, measured."""
@@ -166,6 +175,7 @@ def lab_demo(
         port_base=port_base,
         grace_seconds=grace,
         provision_delay=provision_delay,
+        real_nodes=real_nodes,
         **kw,  # type: ignore[arg-type]
     )
     report = run_demo(cfg, keep, console, out, report_dir, timeout)

@@ -73,12 +73,22 @@ class LabConfig(BaseModel):
     start_timeout: float | None = Field(default=None, gt=0)
     grace_seconds: int = Field(default=120, ge=1)
     provision_delay: float = Field(default=5.0, ge=0)
+    # how many of the nodes that exist at start are real (kubelet + containerd, lab/nodes) rather
+    # than KWOK; a real node the pool controller retires is replaced by a real node
+    real_nodes: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _fits(self) -> LabConfig:
         n = self.node_count
         if n > MAX_NODES:
             raise ValueError(f"pools: {n} nodes do not fit the port block (max {MAX_NODES})")
+        hardware = sum(p.size + p.spares for p in self.pools)
+        if self.real_nodes > hardware:
+            raise ValueError(
+                f"real_nodes: {self.real_nodes} is more than the {hardware} nodes the pools start with"
+            )
+        if self.real_nodes and not self.kube:
+            raise ValueError("real_nodes: real nodes need the Kubernetes control plane (kube: true)")
         prefixes = [p.prefix for p in self.pools]
         if len(set(prefixes)) != len(prefixes):
             raise ValueError("pools: every pool needs its own prefix")

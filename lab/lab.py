@@ -20,7 +20,7 @@ import httpx
 from autoheal import proc as kernel
 from autoheal.errors import LabError
 from lab import pool, procs, prom, slurm
-from lab.config import LabConfig, load_lab
+from lab.config import LabConfig, PoolConfig, load_lab
 
 Progress = Callable[[str], None]
 
@@ -125,6 +125,15 @@ def up(cfg: LabConfig, progress: Progress = _quiet) -> LabConfig:
         )
     slurm.check_installed()
     prom.check_installed()
+    if cfg.real_nodes:
+        from lab.nodes import cluster
+
+        cluster.check_tools()  # a missing tool or kernel feature stops `up` before anything starts
+    if (cfg.run_dir / "nodes").is_dir():
+        from lab.nodes import cluster
+
+        # real nodes of an earlier run that was killed: found by the lab's id, not by PID files
+        cluster.teardown(cfg.run_dir)
     # a lab always starts fresh: no Slurm, pool or simulator state from an earlier run
     shutil.rmtree(cfg.socket_dir, ignore_errors=True)
     for stale in ("slurm", "pool", "monitoring", "simulator.json", "pids", "pulumi", "runner"):
@@ -167,8 +176,17 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
     prom.start_alertmanager(cfg)
     prom.start_prometheus(cfg)
     if cfg.kube and kube_available():
+        advertise = "127.0.0.1"
+        if cfg.real_nodes:
+            from lab.nodes import cluster
+
+            _step(progress, "real-node network")
+            advertise = cluster.prepare(cfg.run_dir).gateway
         _step(progress, "kubernetes control plane (KWOK nodes)")
-        start_kube(cfg)
+        start_kube(cfg, advertise)
+        if cfg.real_nodes:
+            _step(progress, f"{cfg.real_nodes} real nodes (images, containerd, kubelet, kube-proxy, CoreDNS)")
+            start_real_nodes(cfg, progress)
     progress("waiting for slurmd registration and the alert pipeline")
     slurm.wait_nodes_registered(cfg, nodes)
     prom.wait_pipeline(cfg, timeout=cfg.pipeline_timeout)
@@ -202,21 +220,53 @@ def start_simulator(cfg: LabConfig) -> None:
     )
 
 
-def start_kube(cfg: LabConfig) -> None:
-    from lab import kube
+def real_node_names(cfg: LabConfig) -> list[str]:
+    """The nodes that start as real nodes: the first `real_nodes` of the hardware (actives first)."""
+    return hardware_nodes(cfg)[: cfg.real_nodes]
 
-    specs = []
+
+def _node_specs(cfg: LabConfig) -> list[tuple[str, PoolConfig, bool]]:
+    """(node, pool, spare) for every node that exists at start."""
+    out = []
     for p in cfg.pools:
         sp = p.slurm()
-        for n in sp.active_nodes():
-            specs.append(
-                kube.KubeNodeSpec(n, pool.node_labels(p, False), pool.node_taints(False), p.gpus_per_node)
-            )
-        for n in sp.spare_nodes():
-            specs.append(
-                kube.KubeNodeSpec(n, pool.node_labels(p, True), pool.node_taints(True), p.gpus_per_node)
-            )
-    kube.start_control_plane(cfg.run_dir, specs, cfg.port("kube"), timeout=cfg.kube_timeout)
+        out += [(n, p, False) for n in sp.active_nodes()] + [(n, p, True) for n in sp.spare_nodes()]
+    return out
+
+
+def start_kube(cfg: LabConfig, advertise_address: str = "127.0.0.1") -> None:
+    from lab import kube
+
+    real = set(real_node_names(cfg))
+    specs = [
+        kube.KubeNodeSpec(n, pool.node_labels(p, spare), pool.node_taints(spare), p.gpus_per_node)
+        for n, p, spare in _node_specs(cfg)
+        if n not in real
+    ]
+    kube.start_control_plane(
+        cfg.run_dir, specs, cfg.port("kube"), timeout=cfg.kube_timeout, advertise_address=advertise_address
+    )
+
+
+def start_real_nodes(cfg: LabConfig, progress: Progress) -> None:
+    """Real nodes with the same names, pool labels, spare label/taint and GPU count as KWOK's."""
+    from lab import kube
+    from lab.nodes import cluster
+
+    real = set(real_node_names(cfg))
+    specs = [
+        (n, pool.node_labels(p, spare), pool.node_taints(spare), p.gpus_per_node)
+        for n, p, spare in _node_specs(cfg)
+        if n in real
+    ]
+    cluster.start(
+        cfg.run_dir,
+        cfg.socket_dir,
+        kube.Ports.from_base(cfg.port("kube")).apiserver,
+        specs,
+        cfg.run_dir / "simulator.json",
+        progress,
+    )
 
 
 JOB_CANCEL_WAIT_S = 10.0  # how long Slurm gets to end cancelled job steps before the sweep
@@ -260,7 +310,12 @@ def down(cfg: LabConfig) -> Teardown:
     done.jobs = slurm.cancel_jobs(cfg)
     if done.jobs:
         procs.wait_ended(before, JOB_CANCEL_WAIT_S)
-    done.services = kube.stop_control_plane(cfg.run_dir) + _stop_services(cfg)
+    if (cfg.run_dir / "nodes").is_dir():
+        from lab.nodes import cluster
+
+        # first: its cgroups, bridge and routes are found by the lab's id, even after a crash
+        done.services += cluster.teardown(cfg.run_dir)
+    done.services += kube.stop_control_plane(cfg.run_dir) + _stop_services(cfg)
     leftovers = {*before, *slurm.job_processes(cfg)}
     _, done.killed = procs.terminate(sorted(leftovers))
     done.job_processes = sum(1 for t in leftovers if not kernel.is_same(*t))
@@ -322,6 +377,11 @@ def status(cfg: LabConfig) -> LabStatus:
                 st.services.append(ServiceStatus(name, ok, "ok" if ok else "unhealthy"))
         except ImportError:
             pass
+    if cfg.real_nodes:
+        from lab.nodes import cluster
+
+        for name, ok in cluster.status(cfg.run_dir).items():
+            st.services.append(ServiceStatus(name, ok, "running" if ok else "not running"))
     return st
 
 

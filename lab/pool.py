@@ -130,11 +130,19 @@ class PoolController:
             pool = self.pool_of(node)
             if pool is None or node not in self.state["members"][pool.name]:
                 raise LabError(f"node: {node!r} is not a member of any pool of this lab")
+            real = self._is_real(node)
             self.state["members"][pool.name].remove(node)
             self.state["retired"].append(node)
-            self._event("retired", node, pool.name)
+            if real:  # the pool's next replacement is a real node again
+                owed = self.state.setdefault("real_owed", {})
+                owed[pool.name] = owed.get(pool.name, 0) + 1
+            self._event("retired", node, pool.name, real=real)
             self._save()
         procs.stop(self.cfg.run_dir, slurm.slurmd_name(node))
+        if real:
+            from lab.nodes import cluster
+
+            cluster.remove(self.cfg.run_dir, node)  # kubelet, containerd and its pods stop
         if self.cfg.kubeconfig.exists():
             from lab import kube
 
@@ -142,6 +150,13 @@ class PoolController:
         # the simulator gets the whole fleet in one PUT: a storm's retirements share one, next loop
         self._sim_dirty.set()
         return {"node": node, "changed": True, "state": "retired"}
+
+    def _is_real(self, node: str) -> bool:
+        if not self.cfg.real_nodes:
+            return False
+        from lab.nodes import cluster
+
+        return node in cluster.names(self.cfg.run_dir)
 
     def reconcile(self) -> None:
         now = time.time()
@@ -156,6 +171,10 @@ class PoolController:
                         self._event("headroom_exhausted", "", p.name)
                         break
                     item = {"pool": p.name, "node": free[0], "ready_at": now + self.delay}
+                    owed = self.state.setdefault("real_owed", {})
+                    if owed.get(p.name, 0) > 0:
+                        owed[p.name] -= 1
+                        item["real"] = True
                     self.state["pending"].append(item)
                     self._event("provisioning", free[0], p.name, ready_at=item["ready_at"])
             due = [x for x in self.state["pending"] if x["ready_at"] <= now]
@@ -171,7 +190,14 @@ class PoolController:
         # drained before its slurmd registers, so no job can land on it in between
         slurm.run(self.cfg, drain)
         slurm.start_slurmd(self.cfg, [node])
-        if self.cfg.kubeconfig.exists():
+        if item.get("real"):
+            from lab.nodes import cluster
+
+            # a fresh real node: its own namespaces, containerd, kubelet; Ready with its GPUs
+            cluster.add(
+                self.cfg.run_dir, node, node_labels(pool, True), node_taints(True), pool.gpus_per_node
+            )
+        elif self.cfg.kubeconfig.exists():
             from lab import kube
 
             spec = kube.KubeNodeSpec(node, node_labels(pool, True), node_taints(True), pool.gpus_per_node)

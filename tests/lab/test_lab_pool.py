@@ -19,8 +19,13 @@ def test_retired_node_is_backfilled_as_a_drained_hot_spare(lab, slurm):
     assert "slurmd-gpu-6" not in procs.running(lab.run_dir)
 
     def backfilled():
-        s = pool.client_status(lab)["pools"]["h100"]
-        return s if len(s["members"]) == 6 else None
+        # a member first, then the simulator learns of it, then the controller reports it ready
+        status = pool.client_status(lab)
+        s = status["pools"]["h100"]
+        ready = any(
+            e["event"] == "replacement_ready" and e["node"] not in before["members"] for e in status["events"]
+        )
+        return s if len(s["members"]) == 6 and ready else None
 
     st = wait_for(backfilled, 30, "backfill")
     new = [n for n in st["members"] if n not in before["members"]]

@@ -11,9 +11,11 @@ bootstrap:
 demo: bootstrap
 	$(BIN)/autoheal lab demo
 
+# pytest includes the molecule scenario (tests/runbook/test_molecule.py, with its own lab)
 test: bootstrap
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
+	$(BIN)/python collections/sanity.py
 	$(BIN)/pytest
 
 lint: bootstrap
@@ -21,8 +23,10 @@ lint: bootstrap
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy .
 
+# make review [STACK="lab ..."] [BASE=origin/main] [ALLOW_SKIP="dryrun ..."] [APPROVE="slurm-slurmctld ..."]
 review: bootstrap
-	scripts/review.sh
+	scripts/review.sh $(foreach s,$(STACK),--stack $(s)) $(if $(BASE),--base $(BASE)) \
+		$(foreach c,$(ALLOW_SKIP),--allow-skip $(c)) $(foreach a,$(APPROVE),--approve $(a)) $(REVIEW_ARGS)
 
 lab-down:
 	-$(BIN)/autoheal lab down

@@ -21,6 +21,7 @@ from pulumi_policy import (
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from policy.rules import (
+    STACK_RULE,
     controller_state_is_persistent,
     gpu_pool_has_spares_and_remediation,
     no_wildcard_rbac,
@@ -59,7 +60,7 @@ PolicyPack(
             gpu_pool_has_spares_and_remediation,
         ),
         StackValidationPolicy(
-            name="gpu-pools-have-a-runner",
+            name=STACK_RULE,
             description="Pools that expect remediation come with a remediation runner.",
             validate=_stack_remediation,
             enforcement_level=EnforcementLevel.MANDATORY,

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from policy.rules import RESOURCE_RULES, stack_has_remediation
+from policy.rules import judge
 
 
 def resources_of(preview: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
@@ -33,17 +33,7 @@ def resources_of(preview: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str
 
 
 def violations(resources: Iterable[tuple[str, str, Mapping[str, Any]]]) -> list[str]:
-    listed = list(resources)
-    found = [
-        f"[{name}] {urn}: {msg}"
-        for urn, rtype, inputs in listed
-        for name, rule in RESOURCE_RULES.items()
-        for msg in rule(rtype, inputs)
-    ]
-    found += [
-        f"[gpu-pools-have-a-runner] {msg}" for msg in stack_has_remediation((t, i) for _, t, i in listed)
-    ]
-    return found
+    return [f"[{rule}] {urn + ': ' if urn else ''}{msg}" for rule, urn, msg in judge(resources)]
 
 
 def main(argv: list[str] | None = None) -> int:

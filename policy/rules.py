@@ -307,3 +307,18 @@ RESOURCE_RULES = {
     "no-wildcard-rbac": no_wildcard_rbac,
     "webhook-requires-token": webhook_requires_token,
 }
+STACK_RULE = "gpu-pools-have-a-runner"
+
+
+def judge(resources: Iterable[tuple[str, str, Mapping[str, Any]]]) -> list[tuple[str, str, str]]:
+    """(rule, urn, message) of every violation in a stack's resources, given as (urn, type,
+    inputs): the pack's verdict without the pack's runtime (a stack-wide rule has no urn)."""
+    listed = list(resources)
+    found = [
+        (name, urn, msg)
+        for urn, rtype, inputs in listed
+        for name, rule in RESOURCE_RULES.items()
+        for msg in rule(rtype, inputs)
+    ]
+    found += [(STACK_RULE, "", msg) for msg in stack_has_remediation((t, i) for _, t, i in listed)]
+    return found

@@ -209,6 +209,7 @@ def test_adding_a_pool_adds_exactly_that_pools_resources(
     assert creates == {
         ("autoheal:nodepool:GpuNodePool", "pool-a100"),
         ("kubernetes:core/v1:ConfigMap", "pool-a100-pool"),
+        ("autoheal:slurm:SlurmWorkers", "slurm-workers-a100"),
         ("kubernetes:apps/v1:DaemonSet", "slurm-slurmd-a100"),
     }
     # The generated Slurm config names the new nodes; the controller and login roll with it.

@@ -23,12 +23,15 @@ from autoheal.errors import LabError
 ROOT = Path("/sys/fs/cgroup")
 
 
-def hierarchies() -> list[Path]:
-    """Mounted v1 hierarchies (controllers and named ones such as name=systemd); not cgroup2."""
+def hierarchies(v2: bool = False) -> list[Path]:
+    """Mounted v1 hierarchies (controllers and named ones such as name=systemd), and with `v2`
+    the cgroup2 mount too: runc mirrors containers' cgroups into it on a hybrid host, so
+    teardown must look there as well."""
+    kinds = {"cgroup", "cgroup2"} if v2 else {"cgroup"}
     out: list[Path] = []
     for line in Path("/proc/self/mounts").read_text().splitlines():
         fields = line.split()
-        if len(fields) > 2 and fields[2] == "cgroup" and fields[1].startswith(str(ROOT) + "/"):
+        if len(fields) > 2 and fields[2] in kinds and fields[1].startswith(str(ROOT) + "/"):
             out.append(Path(fields[1]))
     return sorted(set(out))
 
@@ -84,7 +87,7 @@ def join(rel: str, pid: int | None = None) -> None:
 def pids(rel: str) -> set[int]:
     """Every process in `rel` and below, in any hierarchy."""
     found: set[int] = set()
-    for h in hierarchies():
+    for h in hierarchies(v2=True):
         base = h / rel
         if not base.is_dir():
             continue
@@ -115,7 +118,7 @@ def remove(rel: str, timeout: float = 10.0) -> None:
     """Kill the subtree's processes, then rmdir its directories deepest first, in every hierarchy."""
     kill_all(rel, timeout)
     deadline = time.monotonic() + timeout
-    for h in hierarchies():
+    for h in hierarchies(v2=True):
         base = h / rel
         if not base.is_dir():
             continue

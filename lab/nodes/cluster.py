@@ -235,7 +235,13 @@ def add(
     state["next_index"] = index + 1
     _write(run_dir, state)
     t0 = time.monotonic()
-    node.start(ctx, spec, timeout=timeout, progress=progress)
+    try:
+        node.start(ctx, spec, timeout=timeout, progress=progress)
+    except BaseException:
+        state = _read(run_dir) or state
+        state["nodes"].pop(name, None)
+        _write(run_dir, state)
+        raise
     sync_routes(run_dir)
     progress(f"node {name}: Ready in {time.monotonic() - t0:.1f}s")
     return spec

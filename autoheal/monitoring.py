@@ -12,7 +12,14 @@ from autoheal.xid import Tier, XidCatalog, load_catalog
 
 XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
 FATAL_ALERT = "GpuXidFatal"
+NVSWITCH_ALERT = "NvSwitchSxidFatal"  # the XID watcher's fatal SXIDs (routed to humans, not the runner)
 WEBHOOK_RECEIVER = "autoheal-runner"
+# Who saw the fault: every GpuXidFatal carries one. Same alertname and node, so Alertmanager groups
+# the sources of one fault into one notification and the runner makes them one incident.
+SOURCE_LABEL = "source"
+SOURCE_METRIC = "dcgm"  # the XID gauge of dcgm-exporter
+SOURCE_LOST = "lost-gpu"  # the GPU stopped reporting (lost_gpu_expr)
+SOURCE_WATCHER = "watcher"  # the node-local kernel log watcher (watcher/)
 
 
 def xid_expr(xids: list[int], metric: str = XID_METRIC) -> str:

@@ -1,0 +1,108 @@
+"""`autoheal watch`: run the XID watcher on this node (registered through the `autoheal.cli`
+entry-point group, like the runner's and the lab's commands; `python -m watcher` runs it alone).
+
+Every option has an environment variable, so a DaemonSet sets them from its pod spec (the node
+name from the downward API)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from watcher.config import SourceKind, WatcherConfig
+
+
+def watch(
+    node: Annotated[str, typer.Option(envvar="NODE_NAME", help="This node's name (the Hostname label).")],
+    alertmanager: Annotated[
+        list[str],
+        typer.Option(
+            "--alertmanager", envvar="AUTOHEAL_ALERTMANAGER", help="Alertmanager base URL (repeat for HA)."
+        ),
+    ],
+    state_file: Annotated[
+        Path,
+        typer.Option(
+            "--state", envvar="AUTOHEAL_WATCH_STATE", help="State file (cursor + undelivered alerts)."
+        ),
+    ],
+    source: Annotated[
+        str, typer.Option(envvar="AUTOHEAL_WATCH_SOURCE", help="kmsg | journald | file")
+    ] = "kmsg",
+    path: Annotated[
+        Path | None, typer.Option(envvar="AUTOHEAL_WATCH_PATH", help="kmsg device/file or text log.")
+    ] = None,
+    gpu_map: Annotated[
+        str,
+        typer.Option(envvar="AUTOHEAL_WATCH_GPU_MAP", help="auto | nvidia-smi | procfs | none | file:PATH"),
+    ] = "auto",
+    listen: Annotated[
+        str, typer.Option(envvar="AUTOHEAL_WATCH_LISTEN", help="HOST:PORT for /metrics and /healthz.")
+    ] = "",
+    token_file: Annotated[
+        Path | None, typer.Option(envvar="AUTOHEAL_WATCH_TOKEN_FILE", help="Bearer token for Alertmanager.")
+    ] = None,
+    replay_seconds: Annotated[float, typer.Option(help="First start: replay this much of the log.")] = 300.0,
+    rate: Annotated[float, typer.Option(help="Alertmanager POSTs per second, at most.")] = 5.0,
+    resend_seconds: Annotated[float, typer.Option(help="Re-post a still-active alert this often.")] = 300.0,
+    hold_seconds: Annotated[
+        float, typer.Option(help="An alert ends this long after its last line.")
+    ] = 3600.0,
+    boot_id_file: Annotated[Path, typer.Option(help="Where the boot id is read.")] = Path(
+        "/proc/sys/kernel/random/boot_id"
+    ),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Watch the kernel log for NVIDIA Xid/SXid lines and post alerts straight to Alertmanager."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    raw: dict[str, Any] = {
+        "node": node,
+        "source": source,
+        "path": path,
+        "alertmanagers": alertmanager,
+        "token_file": token_file,
+        "state_file": state_file,
+        "gpu_map": gpu_map,
+        "listen": listen,
+        "boot_id_file": boot_id_file,
+        "replay_seconds": replay_seconds,
+        "rate_per_second": rate,
+        "resend_seconds": resend_seconds,
+        "alert_hold_seconds": hold_seconds,
+    }
+    try:
+        cfg = WatcherConfig.model_validate(raw)
+    except ValidationError as exc:
+        for e in exc.errors():
+            field = ".".join(str(x) for x in e["loc"])
+            typer.echo(f"error: --{field.replace('_', '-')}: {e['msg']}", err=True)
+        raise typer.Exit(2) from None
+    from watcher.daemon import Watcher
+
+    w = Watcher(cfg)
+    signal.signal(signal.SIGTERM, lambda *_: w.stop_event.set())
+    signal.signal(signal.SIGINT, lambda *_: w.stop_event.set())
+    w.run_forever()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("watch")(watch)
+
+
+def main() -> None:
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(watch)
+    app()
+
+
+__all__ = ["SourceKind", "main", "register", "watch"]

@@ -20,6 +20,8 @@ SOURCE_LABEL = "source"
 SOURCE_METRIC = "dcgm"  # the XID gauge of dcgm-exporter
 SOURCE_LOST = "lost-gpu"  # the GPU stopped reporting (lost_gpu_expr)
 SOURCE_WATCHER = "watcher"  # the node-local kernel log watcher (watcher/)
+LOST_GPU_XID = 79  # a GPU that stops reporting has, for remediation, fallen off the bus
+LOST_GPU_WINDOW = "10m"  # how long a vanished GPU series is remembered (and its alert fires)
 
 
 def xid_expr(xids: list[int], metric: str = XID_METRIC) -> str:
@@ -28,8 +30,24 @@ def xid_expr(xids: list[int], metric: str = XID_METRIC) -> str:
     return " or ".join(f"{metric} == {x}" for x in xids)
 
 
+def lost_gpu_expr(metric: str = XID_METRIC, window: str = LOST_GPU_WINDOW) -> str:
+    """A GPU series seen within `window` that is gone now, on a node that still reports GPUs.
+
+    dcgm-exporter drops the series of a GPU that fell off the bus (DCGM lost it), often before the
+    XID 79 sample is ever scraped. The second clause keeps the rule quiet when the whole node is
+    gone: a retired or deleted node (its exporter is gone), or a failed scrape (every series of the
+    target goes stale at once). Limit: a node whose GPUs all vanish while it lives looks the same
+    as a node that is gone; the kernel-log watcher covers that case."""
+    return (
+        f"(last_over_time({metric}[{window}]) unless {metric})"
+        f" and on (Hostname) group by (Hostname) ({metric})"
+    )
+
+
 def render_xid_rules(catalog: XidCatalog | None = None, for_: str = "0s") -> dict[str, Any]:
-    """The rule group: one GpuXidFatal rule per acting tier, labelled with tier and the XID."""
+    """Two rule groups: one GpuXidFatal rule per acting tier, labelled with tier and the XID
+    (source dcgm), and the lost-GPU rule (source lost-gpu), a fatal fault on the GPU that stopped
+    reporting, named XID 79 because that is what a GPU vanishing from the bus is."""
     cat = catalog or load_catalog()
     rules: list[dict[str, Any]] = []
     for tier in (Tier.REPLACE, Tier.RESET):
@@ -46,6 +64,7 @@ def render_xid_rules(catalog: XidCatalog | None = None, for_: str = "0s") -> dic
                     "tier": tier.value,
                     # the gauge's value is the XID; alert labels are templated, so it becomes a label
                     "xid": "{{ $value }}",
+                    SOURCE_LABEL: SOURCE_METRIC,
                 },
                 "annotations": {
                     "summary": "Fatal XID {{ $value }} on {{ $labels.Hostname }} GPU {{ $labels.gpu }}",
@@ -53,7 +72,29 @@ def render_xid_rules(catalog: XidCatalog | None = None, for_: str = "0s") -> dic
                 },
             }
         )
-    return {"groups": [{"name": "autoheal-xid", "rules": rules}]}
+    lost = {
+        "alert": FATAL_ALERT,
+        "expr": lost_gpu_expr(),
+        "for": for_,
+        "labels": {
+            "severity": "critical",
+            "tier": cat.tier_of(LOST_GPU_XID).value,
+            "xid": str(LOST_GPU_XID),
+            SOURCE_LABEL: SOURCE_LOST,
+        },
+        "annotations": {
+            "summary": (
+                "GPU {{ $labels.gpu }} of {{ $labels.Hostname }} stopped reporting (treated as XID 79)"
+            ),
+            "catalog_version": str(cat.version),
+        },
+    }
+    return {
+        "groups": [
+            {"name": "autoheal-xid", "rules": rules},
+            {"name": "autoheal-lost-gpu", "rules": [lost]},
+        ]
+    }
 
 
 def render_alertmanager_config(

@@ -153,7 +153,7 @@ def _engine_preview(
     else:
         result.violations = eng.violations_from_events(events)
         if not eng.pack_loaded(events):
-            errors.append("the policy pack did not run (no policy events from the engine)")
+            result.errors.append("the policy pack did not run (the engine reported no policy events)")
     rows = [(s.urn, s.type, s.new) for s in blocked.values()]
     result.violations += [Violation(rule, urn, msg) for rule, urn, msg in judge(rows)]
     plan.steps += list(blocked.values())
@@ -161,7 +161,7 @@ def _engine_preview(
     result.notes += [f"`{s.name}`: the provider cannot dry-run its replacement while the old object exists; "
                      "the rest of the stack was previewed without it" for s in blocked.values()]  # fmt: skip
     if res.returncode != 0 and not result.violations:
-        result.errors = [e for e in errors if not any(_names([e], u) for u in blocked)] or [
+        result.errors += [e for e in errors if not any(_names([e], u) for u in blocked)] or [
             (res.stdout + res.stderr).strip()[-2000:]
         ]
 

@@ -522,6 +522,9 @@ def _check_ports_free(ports: Ports) -> None:
     }
     for service, port in owners.items():
         with socket.socket() as sock:
+            # as the services themselves bind (Go sets SO_REUSEADDR): connections of a killed
+            # earlier run in TIME_WAIT must not make a free port look taken for a minute
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError as exc:

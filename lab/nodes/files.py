@@ -35,7 +35,8 @@ class NodePaths:
 
     @property
     def kubelet_root(self) -> Path:
-        return self.dir / "kubelet"
+        # it holds the kubelet's own sockets (pod-resources, plugins): a short path
+        return self.sock_dir / "kubelet"
 
     @property
     def cni_conf_dir(self) -> Path:

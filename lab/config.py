@@ -76,6 +76,7 @@ class LabConfig(BaseModel):
     # how many of the nodes that exist at start are real (kubelet + containerd, lab/nodes) rather
     # than KWOK; a real node the pool controller retires is replaced by a real node
     real_nodes: int = Field(default=0, ge=0)
+    watchers: bool = True  # one XID watcher per GPU node (lab.watch; small labs only)
 
     @model_validator(mode="after")
     def _fits(self) -> LabConfig:

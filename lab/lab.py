@@ -19,7 +19,7 @@ import httpx
 
 from autoheal import proc as kernel
 from autoheal.errors import LabError
-from lab import pool, procs, prom, slurm
+from lab import pool, procs, prom, slurm, watch
 from lab.config import LabConfig, PoolConfig, load_lab
 
 Progress = Callable[[str], None]
@@ -136,7 +136,8 @@ def up(cfg: LabConfig, progress: Progress = _quiet) -> LabConfig:
         cluster.teardown(cfg.run_dir)
     # a lab always starts fresh: no Slurm, pool or simulator state from an earlier run
     shutil.rmtree(cfg.socket_dir, ignore_errors=True)
-    for stale in ("slurm", "pool", "monitoring", "simulator.json", "pids", "pulumi", "runner"):
+    fresh = ("slurm", "pool", "monitoring", "simulator.json", "pids", "pulumi", "runner")
+    for stale in (*fresh, "gpunodes", "watchers"):
         path = cfg.run_dir / stale
         if path.is_dir():
             shutil.rmtree(path)
@@ -175,6 +176,9 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
     prom.write_config(cfg)
     prom.start_alertmanager(cfg)
     prom.start_prometheus(cfg)
+    if watch.enabled(cfg):
+        _step(progress, f"{len(hardware_nodes(cfg))} XID watchers")
+        watch.start(cfg, hardware_nodes(cfg))
     if cfg.kube and kube_available():
         advertise = "127.0.0.1"
         if cfg.real_nodes:
@@ -212,6 +216,7 @@ def start_simulator(cfg: LabConfig) -> None:
             f"--gpus={gpus}",
             f"--nodes={json.dumps(node_models(cfg))}",
             f"--state={cfg.run_dir / 'simulator.json'}",
+            f"--kmsg-dir={watch.kmsg_dir(cfg)}",
         ],
         cfg.run_dir,
         port=port,
@@ -369,6 +374,10 @@ def status(cfg: LabConfig) -> LabStatus:
             f"{len(slurmds)} running" + (f"; missing {', '.join(missing[:5])}" if missing else ""),
         )
     )
+    if watch.enabled(cfg):
+        gone = [n for n in current_nodes(cfg) if watch.name(n) not in live]
+        detail = f"{len(current_nodes(cfg)) - len(gone)} running" + (f"; missing {gone[:5]}" if gone else "")
+        st.services.append(ServiceStatus("watchers", not gone, detail))
     if (cfg.run_dir / "kubeconfig").exists():
         try:
             from lab import kube

@@ -35,7 +35,7 @@ from autoheal.labels import (
     spare_taint,
 )
 from autoheal.names import is_node_name
-from lab import procs, slurm
+from lab import procs, slurm, watch
 from lab.config import LabConfig, PoolConfig, load_lab
 
 
@@ -139,6 +139,7 @@ class PoolController:
             self._event("retired", node, pool.name, real=real)
             self._save()
         procs.stop(self.cfg.run_dir, slurm.slurmd_name(node))
+        watch.stop(self.cfg, node)
         if real:
             from lab.nodes import cluster
 
@@ -190,6 +191,7 @@ class PoolController:
         # drained before its slurmd registers, so no job can land on it in between
         slurm.run(self.cfg, drain)
         slurm.start_slurmd(self.cfg, [node])
+        watch.start(self.cfg, [node])  # reads the kernel log the simulator creates at the sync below
         if item.get("real"):
             from lab.nodes import cluster
 

@@ -4,8 +4,14 @@ Prometheus scrapes it exactly as it would scrape dcgm-exporter on a real node (s
 labels: gpu, UUID, device, modelName, Hostname), so the alert rules under test are the shipped ones.
 `DCGM_FI_DEV_XID_ERRORS` is a gauge holding the last XID seen on a GPU (0 = none), as in dcgm.
 
+Each node also has a kernel log and an nvidia-smi view (lab.kernlog) that the lab's XID watchers
+read: an injected XID prints the driver's Xid line there too. With `vanish`, the GPU's series
+disappear from /metrics instead, as when DCGM loses a GPU that fell off the bus: no XID sample is
+ever scraped, only the kernel log and the lost-GPU rule can tell.
+
 API (JSON):  GET /healthz   GET /metrics   GET /v1/nodes   PUT /v1/nodes {"nodes": {name: model}}
-             POST /v1/xid {"node", "gpu", "xid"}   POST /v1/clear {"node", "gpu"?}
+             POST /v1/xid {"node", "gpu", "xid", "message"?, "vanish"?}   POST /v1/clear {"node", "gpu"?}
+             POST /v1/kmsg {"node", "message"}  (a raw kernel message, e.g. garbage for tests)
 """
 
 from __future__ import annotations
@@ -23,51 +29,78 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from autoheal.names import is_node_name
+from lab.kernlog import KernelLogs, fallen_message, gpu_uuid, xid_message
 
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
+MAX_MESSAGE = 512
 
 
 class Fleet(Collector):
     """The simulated GPUs: nodes -> model, and injected XIDs per (node, gpu)."""
 
-    def __init__(self, gpus_per_node: int, state_file: Path | None = None) -> None:
+    def __init__(
+        self, gpus_per_node: int, state_file: Path | None = None, kmsg_dir: Path | None = None
+    ) -> None:
         self.gpus_per_node = gpus_per_node
         self.nodes: dict[str, str] = {}
         self.xids: dict[tuple[str, int], int] = {}
+        self.lost: set[tuple[str, int]] = set()  # GPUs whose series vanished (DCGM lost them)
         self.lock = threading.Lock()
         self.state_file = state_file
+        self.logs = KernelLogs(kmsg_dir, gpus_per_node) if kmsg_dir else None
         if state_file and state_file.exists():
             s = json.loads(state_file.read_text())
             self.nodes = dict(s["nodes"])
             self.xids = {(n, int(g)): int(x) for n, g, x in s["xids"]}
+            self.lost = {(n, int(g)) for n, g in s.get("lost", [])}
 
     def _save(self) -> None:
         if self.state_file:
             xids = [[n, g, x] for (n, g), x in self.xids.items()]
+            lost = [[n, g] for n, g in sorted(self.lost)]
             tmp = self.state_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"nodes": self.nodes, "xids": xids}))
+            tmp.write_text(json.dumps({"nodes": self.nodes, "xids": xids, "lost": lost}))
             tmp.replace(self.state_file)
 
     def set_nodes(self, nodes: dict[str, str]) -> None:
         with self.lock:
             self.nodes = dict(nodes)
             self.xids = {k: v for k, v in self.xids.items() if k[0] in self.nodes}
+            self.lost = {k for k in self.lost if k[0] in self.nodes}
+            if self.logs is not None:
+                for n, model in self.nodes.items():
+                    self.logs.ensure(n, model)
             self._save()
 
-    def inject(self, node: str, gpu: int, xid: int) -> None:
+    def inject(self, node: str, gpu: int, xid: int, message: str | None = None, vanish: bool = False) -> None:
+        """Raise `xid` on a GPU: the gauge takes it (or, with `vanish`, the GPU's series disappear)
+        and the node's kernel log gets the driver's line (plus the fallen-off-the-bus notice for 79)."""
         with self.lock:
-            self.xids[(node, gpu)] = xid
+            if vanish:
+                self.lost.add((node, gpu))
+            else:
+                self.xids[(node, gpu)] = xid
             self._save()
+        if self.logs is not None:
+            lines = [xid_message(gpu, xid, message)] + ([fallen_message(gpu)] if xid == 79 else [])
+            self.logs.write(node, lines)
+
+    def kmsg(self, node: str, message: str) -> None:
+        """Append a raw message to a node's kernel log."""
+        if self.logs is not None:
+            self.logs.write(node, [message])
 
     def clear(self, node: str, gpu: int | None) -> None:
         with self.lock:
             self.xids = {k: v for k, v in self.xids.items() if not (k[0] == node and gpu in (None, k[1]))}
+            self.lost = {k for k in self.lost if not (k[0] == node and gpu in (None, k[1]))}
             self._save()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self.lock:
             nodes = dict(self.nodes)
             xids = dict(self.xids)
+            lost = set(self.lost)
         fams = {
             "xid": GaugeMetricFamily(
                 "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=LABELS
@@ -79,10 +112,12 @@ class Fleet(Collector):
                 "DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=LABELS
             ),
         }
-        for ni, (node, model) in enumerate(sorted(nodes.items())):
+        for node, model in sorted(nodes.items()):
             for g in range(self.gpus_per_node):
-                uuid = f"GPU-{ni:08x}-0000-0000-0000-{g:012x}"
-                labels = [str(g), uuid, f"nvidia{g}", model, node]
+                if (node, g) in lost:
+                    continue  # DCGM lost this GPU: no series at all
+                # the UUID follows the node's name: another node leaving changes no identity
+                labels = [str(g), gpu_uuid(node, g), f"nvidia{g}", model, node]
                 xid = xids.get((node, g), 0)
                 fams["xid"].add_metric(labels, float(xid))
                 # a GPU that fell off the bus reports nothing useful: zeros, as dcgm does
@@ -154,7 +189,15 @@ def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestH
                     xid = body.get("xid")
                     if not (isinstance(xid, int) and 0 < xid < 1000) or gpu is None:
                         raise ValueError("xid: an integer 1..999 and a gpu are required")
-                    fleet.inject(str(node), gpu, xid)
+                    message = body.get("message")
+                    if message is not None and not (isinstance(message, str) and len(message) <= MAX_MESSAGE):
+                        raise ValueError(f"message: a string of at most {MAX_MESSAGE} characters")
+                    fleet.inject(str(node), gpu, xid, message, bool(body.get("vanish", False)))
+                elif self.path == "/v1/kmsg":
+                    message = body.get("message")
+                    if not (isinstance(message, str) and len(message) <= MAX_MESSAGE):
+                        raise ValueError(f"message: a string of at most {MAX_MESSAGE} characters")
+                    fleet.kmsg(str(node), message)
                 elif self.path == "/v1/clear":
                     fleet.clear(str(node), gpu)
                 else:
@@ -168,10 +211,15 @@ def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestH
     return Handler
 
 
-def serve(port: int, gpus_per_node: int, nodes: dict[str, str], state_file: Path | None) -> None:
-    fleet = Fleet(gpus_per_node, state_file)
-    if not fleet.nodes:
-        fleet.set_nodes(nodes)
+def serve(
+    port: int,
+    gpus_per_node: int,
+    nodes: dict[str, str],
+    state_file: Path | None,
+    kmsg_dir: Path | None = None,
+) -> None:
+    fleet = Fleet(gpus_per_node, state_file, kmsg_dir)
+    fleet.set_nodes(fleet.nodes or nodes)
     registry = CollectorRegistry()
     registry.register(fleet)
     server = ThreadingHTTPServer(("127.0.0.1", port), _handler(fleet, registry))
@@ -185,8 +233,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--nodes", default="{}", help="JSON map of node name -> GPU model")
     ap.add_argument("--state", type=Path, default=None)
+    ap.add_argument("--kmsg-dir", type=Path, default=None, help="per-node kernel logs for the XID watchers")
     a = ap.parse_args(argv)
-    serve(a.port, a.gpus, json.loads(a.nodes), a.state)
+    serve(a.port, a.gpus, json.loads(a.nodes), a.state, a.kmsg_dir)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ class WatchAlert:
     labels: dict[str, str]
     annotations: dict[str, str]
     at: float  # when the kernel logged it (epoch seconds)
+    # a secondary notice (fallen off the bus, after the Xid 79 line): counts as an occurrence of
+    # the same alert but does not replace the annotations of the line that named the fault
+    secondary: bool = False
 
     @property
     def key(self) -> tuple[tuple[str, str], ...]:
@@ -42,6 +45,8 @@ def _gpu_labels(node: str, bus_id: str, gpu: Gpu | None) -> dict[str, str]:
         labels["UUID"] = gpu.uuid
     if gpu is not None and gpu.minor is not None:
         labels["device"] = f"nvidia{gpu.minor}"
+    if gpu is not None and gpu.name:
+        labels["modelName"] = gpu.name
     return labels
 
 
@@ -54,6 +59,7 @@ def xid_alert(
     gpus: GpuMap,
     catalog: XidCatalog,
     at: float,
+    secondary: bool = False,
 ) -> WatchAlert | None:
     """The alert for an XID on the GPU at `bus_id`, or None when its tier only notifies."""
     tier = catalog.tier_of(xid)
@@ -75,7 +81,7 @@ def xid_alert(
         "catalog_version": str(catalog.version),
         **detail.to_annotations(),
     }
-    return WatchAlert(labels, annotations, at)
+    return WatchAlert(labels, annotations, at, secondary)
 
 
 def alert_for(
@@ -85,7 +91,7 @@ def alert_for(
         return xid_alert(node, event.bus_id, event.xid, event.text, event.detail, gpus, catalog, at)
     if isinstance(event, FallenOffBus):
         text = "GPU has fallen off the bus and is not responding to commands (driver notice)"
-        return xid_alert(node, event.bus_id, FALLEN_XID, text, XidDetail(), gpus, catalog, at)
+        return xid_alert(node, event.bus_id, FALLEN_XID, text, XidDetail(), gpus, catalog, at, secondary=True)
     if event.severity is not Severity.FATAL:
         return None
     labels = {

@@ -50,10 +50,8 @@ def watch(
     ] = None,
     replay_seconds: Annotated[float, typer.Option(help="First start: replay this much of the log.")] = 300.0,
     rate: Annotated[float, typer.Option(help="Alertmanager POSTs per second, at most.")] = 5.0,
-    resend_seconds: Annotated[float, typer.Option(help="Re-post a still-active alert this often.")] = 300.0,
-    hold_seconds: Annotated[
-        float, typer.Option(help="An alert ends this long after its last line.")
-    ] = 3600.0,
+    resend_seconds: Annotated[float, typer.Option(help="Re-post a still-active alert this often.")] = 60.0,
+    hold_seconds: Annotated[float, typer.Option(help="An alert ends this long after its last line.")] = 300.0,
     boot_id_file: Annotated[Path, typer.Option(help="Where the boot id is read.")] = Path(
         "/proc/sys/kernel/random/boot_id"
     ),
@@ -65,6 +63,7 @@ def watch(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per post is noise; failures are logged
     raw: dict[str, Any] = {
         "node": node,
         "source": source,

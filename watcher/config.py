@@ -33,8 +33,10 @@ class WatcherConfig(BaseModel):
     replay_seconds: float = Field(
         default=300.0, ge=0, description="first start with no state: replay this much of the log"
     )
-    alert_hold_seconds: float = Field(default=3600.0, gt=0, description="endsAt = last seen + this")
-    resend_seconds: float = Field(default=300.0, gt=0, description="re-post a still-active alert this often")
+    # A kernel line is an event, not a state: its alert ends `alert_hold_seconds` after the last
+    # line, so a fault that recurs after that (a GPU reset, then the same XID) notifies again.
+    alert_hold_seconds: float = Field(default=300.0, gt=0, description="endsAt = last seen + this")
+    resend_seconds: float = Field(default=60.0, gt=0, description="re-post a still-active alert this often")
     rate_per_second: float = Field(default=5.0, gt=0, description="Alertmanager POSTs per second, at most")
     burst: int = Field(default=10, ge=1)
     max_batch: int = Field(default=64, ge=1, le=1000)

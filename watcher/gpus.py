@@ -4,12 +4,15 @@ dcgm-exporter's `gpu` label is the GPU's index in NVML's order (nvidia-smi's `in
 order by default) and its `UUID` label the GPU's UUID; the kernel names a GPU by its bus id only.
 What is read, in order of preference (`--gpu-map`):
 
-- `nvidia-smi`: ``nvidia-smi --query-gpu=index,pci.bus_id,uuid --format=csv,noheader``.
-- `procfs`: ``/proc/driver/nvidia/gpus/<bus id>/information`` (``GPU UUID:``, ``Bus Location:``,
-  ``Device Minor:``), the driver's own view, readable without NVML; the index is the GPU's
+- `nvidia-smi`: ``nvidia-smi --query-gpu=index,pci.bus_id,uuid,name --format=csv,noheader``.
+- `procfs`: ``/proc/driver/nvidia/gpus/<bus id>/information`` (``Model:``, ``GPU UUID:``,
+  ``Bus Location:``, ``Device Minor:``), the driver's own view, readable without NVML; the index is the GPU's
   position in PCI bus order, which is NVML's default enumeration.
 - `file:PATH`: a file in nvidia-smi's CSV form (the lab's simulator writes one per node).
 - the kernel log itself: ``NVRM: GPU at PCI:<bus>: GPU-<uuid>`` lines fill in UUIDs.
+
+A GPU the driver announces that the map does not know yet (the watcher started before the GPU
+was up) makes the map read its source again, in the background and at most every few seconds.
 
 The map never forgets a GPU: the GPU that fell off the bus is exactly the one nvidia-smi no longer
 lists (and nvidia-smi may hang on a node in that state), so a refresh only adds and updates. It is
@@ -25,6 +28,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +37,7 @@ from autoheal.xid_messages import normalise_bus_id
 log = logging.getLogger(__name__)
 PROCFS = Path("/proc/driver/nvidia/gpus")
 NVIDIA_SMI_TIMEOUT_S = 10.0
+REFRESH_SOON_MIN_S = 5.0
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 
 
@@ -41,10 +46,11 @@ class Gpu:
     index: int | None
     uuid: str | None
     minor: int | None = None  # /dev/nvidia<minor>: dcgm-exporter's `device` label
+    name: str | None = None  # the model: dcgm-exporter's `modelName` label
 
 
 def parse_smi_csv(text: str) -> dict[str, Gpu]:
-    """nvidia-smi's `index, pci.bus_id, uuid` CSV (no header). Bad rows are skipped."""
+    """nvidia-smi's `index, pci.bus_id, uuid[, name]` CSV (no header). Bad rows are skipped."""
     out: dict[str, Gpu] = {}
     for row in csv.reader(io.StringIO(text)):
         if len(row) < 3:
@@ -52,13 +58,19 @@ def parse_smi_csv(text: str) -> dict[str, Gpu]:
         index, bus, uuid = (c.strip() for c in row[:3])
         if not index.isdigit() or int(index) > 255 or not re.fullmatch(r"[0-9a-fA-F:.]{7,16}", bus):
             continue
-        out[normalise_bus_id(bus)] = Gpu(int(index), uuid if _UUID.match(uuid) else None)
+        name = _model(row[3]) if len(row) > 3 else None
+        out[normalise_bus_id(bus)] = Gpu(int(index), uuid if _UUID.match(uuid) else None, None, name)
     return out
+
+
+def _model(raw: str) -> str | None:
+    name = raw.strip()
+    return name if re.fullmatch(r"[A-Za-z0-9 ._()/-]{1,64}", name) else None
 
 
 def read_procfs(root: Path = PROCFS) -> dict[str, Gpu]:
     """The driver's per-GPU `information` files; index = position in bus order."""
-    found: list[tuple[str, str | None, int | None]] = []
+    found: list[tuple[str, str | None, int | None, str | None]] = []
     for info in sorted(root.glob("*/information")):
         fields: dict[str, str] = {}
         try:
@@ -71,14 +83,19 @@ def read_procfs(root: Path = PROCFS) -> dict[str, Gpu]:
         uuid = fields.get("GPU UUID")
         minor = fields.get("Device Minor", "")
         found.append(
-            (bus, uuid if uuid and _UUID.match(uuid) else None, int(minor) if minor.isdigit() else None)
+            (
+                bus,
+                uuid if uuid and _UUID.match(uuid) else None,
+                int(minor) if minor.isdigit() else None,
+                _model(fields.get("Model", "")),
+            )
         )
-    return {bus: Gpu(i, uuid, minor) for i, (bus, uuid, minor) in enumerate(sorted(found))}
+    return {bus: Gpu(i, uuid, minor, name) for i, (bus, uuid, minor, name) in enumerate(sorted(found))}
 
 
 def run_nvidia_smi(binary: str = "nvidia-smi") -> dict[str, Gpu]:
     res = subprocess.run(
-        [binary, "--query-gpu=index,pci.bus_id,uuid", "--format=csv,noheader"],
+        [binary, "--query-gpu=index,pci.bus_id,uuid,name", "--format=csv,noheader"],
         capture_output=True,
         text=True,
         timeout=NVIDIA_SMI_TIMEOUT_S,
@@ -99,6 +116,7 @@ class GpuMap:
         self._gpus: dict[str, Gpu] = {}
         self._lock = threading.Lock()
         self.last_error = ""
+        self._soon_at = 0.0
 
     def refresh(self) -> int:
         """Read the configured source again; returns how many GPUs are known. Never raises: a
@@ -124,14 +142,30 @@ class GpuMap:
                     gpu.index if gpu.index is not None else (old.index if old else None),
                     gpu.uuid or (old.uuid if old else None),
                     gpu.minor if gpu.minor is not None else (old.minor if old else None),
+                    gpu.name or (old.name if old else None),
                 )
             return len(self._gpus)
 
+    def refresh_soon(self) -> bool:
+        """Refresh in a background thread unless one ran in the last few seconds (nvidia-smi can
+        take seconds; the reader must not wait for it). True when a refresh was started."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._soon_at < REFRESH_SOON_MIN_S:
+                return False
+            self._soon_at = now
+        threading.Thread(target=self.refresh, name="gpu-map-refresh", daemon=True).start()
+        return True
+
     def learn_uuid(self, bus_id: str, uuid: str) -> None:
-        """From an `NVRM: GPU at PCI:...` line."""
+        """From an `NVRM: GPU at PCI:...` line; a GPU the map does not know yet refreshes it."""
+        with self._lock:
+            unknown = bus_id not in self._gpus or self._gpus[bus_id].index is None
+        if unknown and self.how != "none":
+            self.refresh_soon()
         with self._lock:
             old = self._gpus.get(bus_id)
-            self._gpus[bus_id] = Gpu(old.index if old else None, uuid, old.minor if old else None)
+            self._gpus[bus_id] = Gpu(old.index, uuid, old.minor, old.name) if old else Gpu(None, uuid)
 
     def get(self, bus_id: str) -> Gpu | None:
         with self._lock:

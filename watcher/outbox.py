@@ -102,7 +102,8 @@ class Outbox:
             if e is not None:
                 e.count += 1
                 e.last_at = max(e.last_at, alert.at)
-                e.alert = WatchAlert(e.alert.labels, alert.annotations, e.alert.at)  # the latest text
+                if not alert.secondary:  # the latest line's text and facts (154's action can change)
+                    e.alert = WatchAlert(e.alert.labels, alert.annotations, e.alert.at)
                 if not e.dirty and e.posted_at is not None and now - e.posted_at >= self.resend:
                     e.dirty = True
                     self.changed = True

@@ -169,10 +169,13 @@ def test_journald_entries_and_cursor_arguments():
 
 def test_gpu_map_from_nvidia_smi_csv_and_procfs(tmp_path: Path):
     m = parse_smi_csv(
-        "0, 00000000:18:00.0, GPU-aaaaaaaa-1111-2222-3333-444444444444\n"
-        "1, 00000000:2A:00.0, garbage-uuid\nnot,a\nx, y, z\n"
+        "0, 00000000:18:00.0, GPU-aaaaaaaa-1111-2222-3333-444444444444, NVIDIA H100 80GB HBM3\n"
+        "1, 00000000:2A:00.0, garbage-uuid, $(evil)\nnot,a\nx, y, z\n"
     )
-    assert m == {"0000:18:00": Gpu(0, "GPU-aaaaaaaa-1111-2222-3333-444444444444"), "0000:2a:00": Gpu(1, None)}
+    assert m == {
+        "0000:18:00": Gpu(0, "GPU-aaaaaaaa-1111-2222-3333-444444444444", None, "NVIDIA H100 80GB HBM3"),
+        "0000:2a:00": Gpu(1, None),
+    }
     for bus, minor in (("0000:9a:00.0", 5), ("0000:18:00.0", 0)):
         d = tmp_path / bus
         d.mkdir()
@@ -181,8 +184,8 @@ def test_gpu_map_from_nvidia_smi_csv_and_procfs(tmp_path: Path):
             f"Bus Location: {bus}\nDevice Minor: {minor}\n"
         )
     assert read_procfs(tmp_path) == {
-        "0000:18:00": Gpu(0, "GPU-00000000-1111-2222-3333-444444444444", 0),
-        "0000:9a:00": Gpu(1, "GPU-00000005-1111-2222-3333-444444444444", 5),
+        "0000:18:00": Gpu(0, "GPU-00000000-1111-2222-3333-444444444444", 0, "NVIDIA H100"),
+        "0000:9a:00": Gpu(1, "GPU-00000005-1111-2222-3333-444444444444", 5, "NVIDIA H100"),
     }
 
 

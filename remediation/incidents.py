@@ -2,6 +2,12 @@
 
 Normalising is where hostile alert text stops: the node name must pass autoheal.names, the XID and
 GPU must be small integers, and only those typed values travel on (never labels or annotations).
+The XID watcher's alerts also carry decoded facts of the driver's message (autoheal.xid_messages:
+154's recovery action, 144-150's subcode, severity and link) and the message itself; they are
+re-validated here into an XidDetail of enums and small integers and a sanitised, bounded message,
+handed to the classifier and kept in the incident's timeline, and never passed to a play.
+Two sources of one fault (the watcher, the dcgm rule, the lost-GPU rule: same alertname and node)
+are one incident: they share the node and the fault class.
 Dedup keeps Alertmanager's repeats, its resolved notifications and re-fires from starting the
 runbook twice: an alert joins the open incident of its (node, fault class); a re-delivery of the
 same alert instance (fingerprint + startsAt) joins its incident even after it closed; and any alert
@@ -10,12 +16,15 @@ for the same (node, fault class) within the dedup window after an incident close
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
 from autoheal.errors import ValidationError
+from autoheal.monitoring import SOURCE_LABEL
 from autoheal.names import validate_node_name
 from autoheal.xid import Tier, XidCatalog
+from autoheal.xid_messages import XidDetail, sanitise
 from remediation.errors import PayloadError
 from remediation.journal import Journal, Tx
 from remediation.models import Alert, WebhookPayload
@@ -23,6 +32,7 @@ from remediation.rules import Rule, Rules
 
 _SMALL_INT = re.compile(r"^[0-9]{1,3}$")
 _SAFE_KEY = re.compile(r"[^A-Za-z0-9_.:-]")
+_SOURCE = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,18 @@ class Incident:
     starts_at: float
     alertname: str
     rule: Rule
+    detail: XidDetail = field(default_factory=XidDetail)  # decoded facts of the driver's message
+    message: str = ""  # the driver's message, sanitised (printable ASCII, <= 256 characters)
+    source: str = ""  # who saw it: watcher, dcgm, lost-gpu (the alert's `source` label), if valid
+
+    def facts(self) -> str:
+        """The timeline's record of who saw the fault and what the driver said ("" if nothing)."""
+        if self.detail.empty and not self.message and not self.source:
+            return ""
+        data = {"source": self.source, **self.detail.to_annotations()}
+        if self.message:
+            data["message"] = self.message
+        return json.dumps(data, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -71,6 +93,15 @@ class DeliveryResult:
         }
 
 
+def classify(rule: Rule, catalog: XidCatalog, xid: int, detail: XidDetail) -> Tier:
+    """The action tier of a fault: the rule's, else the catalogue's for the XID. `detail` holds
+    the decoded facts NVIDIA's resolution rules need (154's recovery action, 144-150's subcodes);
+    the catalogue does not key on them yet (docs/architecture.md, "Fault classes and the recovery
+    ladder"), so today they are recorded, not used."""
+    del detail
+    return rule.tier or catalog.tier_of(xid)
+
+
 def normalise(alert: Alert, rule: Rule, catalog: XidCatalog) -> Incident | Rejected:
     """Turn a routed alert into an Incident, or a Rejected with a reason (no alert text in it)."""
     labels = alert.labels
@@ -90,7 +121,9 @@ def normalise(alert: Alert, rule: Rule, catalog: XidCatalog) -> Incident | Rejec
         return Rejected(f"label {rule.xid_label} is missing or not an XID number")
     raw_gpu = labels.get(rule.gpu_label)
     gpu = int(raw_gpu) if raw_gpu is not None and _SMALL_INT.match(raw_gpu) and int(raw_gpu) < 64 else None
-    tier = rule.tier or catalog.tier_of(xid)
+    detail = XidDetail.from_annotations(dict(alert.annotations))
+    tier = classify(rule, catalog, xid, detail)
+    source = labels.get(SOURCE_LABEL, "")
     parts = [rule.fault_class + (":notify" if tier is Tier.NOTIFY else "")]
     parts += [_SAFE_KEY.sub("_", labels.get(k, ""))[:64] for k in rule.group_by if k not in rule.node_labels]
     return Incident(
@@ -104,6 +137,9 @@ def normalise(alert: Alert, rule: Rule, catalog: XidCatalog) -> Incident | Rejec
         starts_at=alert.startsAt.timestamp(),
         alertname=labels.get("alertname", ""),
         rule=rule,
+        detail=detail,
+        message=sanitise(alert.annotations.get("message", "")),
+        source=source if _SOURCE.match(source) else "",
     )
 
 
@@ -168,6 +204,7 @@ class Intake:
             window = facts.rule.dedup_window_seconds
             window = self.dedup_window if window is None else window
             existing_id = tx.incident_of_alert(facts.fingerprint, facts.starts_at)
+            first_sight = existing_id is None  # not a re-delivery of an alert already recorded
             existing = tx.get(existing_id) if existing_id else None
             if existing is None or (existing.node, existing.fault_class) != (facts.node, facts.fault_class):
                 existing = tx.find_joinable(facts.node, facts.fault_class, tx.now - window)
@@ -177,6 +214,8 @@ class Intake:
                 tx.join(existing.id, resolved=resolved, tier=upgrade)
                 if resolved:
                     tx.timeline(existing.id, "alert_resolved", "ok", source="alertmanager")
+                elif first_sight and (said := facts.facts()):
+                    tx.timeline(existing.id, "alert_facts", "ok", source="alertmanager", detail=said)
                 log("joined", incident_id=existing.id)
                 if existing.id not in result.joined and existing.id not in result.created:
                     result.joined.append(existing.id)
@@ -196,6 +235,8 @@ class Intake:
                     extra_vars=facts.rule.extra_vars,
                     rule_dry_run=facts.rule.dry_run,
                 )
+                if said := facts.facts():
+                    tx.timeline(iid, "alert_facts", "ok", source="alertmanager", detail=said)
                 log("incident", incident_id=iid)
                 result.created.append(iid)
         return result

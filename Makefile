@@ -11,9 +11,11 @@ bootstrap:
 demo: bootstrap
 	$(BIN)/autoheal lab demo
 
+# pytest includes the molecule scenario (tests/runbook/test_molecule.py, with its own lab)
 test: bootstrap
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
+	$(BIN)/python collections/sanity.py
 	$(BIN)/pytest
 
 lint: bootstrap

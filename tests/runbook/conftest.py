@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,21 +24,29 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from tests.support import wait_for
+
 from tests.support import port_base
 
 REPO = Path(__file__).resolve().parents[2]
-MODULE_UTILS = REPO / "collections/ansible_collections/autoheal/cluster/plugins/module_utils"
+COLLECTIONS = REPO / "collections"
+PLUGINS = "ansible_collections.autoheal.cluster.plugins"
+MODULE_UTILS = COLLECTIONS / "ansible_collections/autoheal/cluster/plugins/module_utils"
+# The collection's Python imports itself as ansible_collections.autoheal.cluster...; with
+# collections/ on sys.path those names resolve to this checkout (the folders are namespace
+# packages, merged with the ansible package's own ansible_collections).
+if str(COLLECTIONS) not in sys.path:
+    sys.path.insert(0, str(COLLECTIONS))
+
+
+def plugin(path: str) -> ModuleType:
+    """A Python file of the collection by its dotted path under plugins/ (e.g. "filter.runbook"),
+    for tests that need no cluster: module_utils, filters and plugin_utils import nothing of
+    Ansible's."""
+    return importlib.import_module(f"{PLUGINS}.{path}")
 
 
 def module_utils(name: str) -> ModuleType:
-    """One of the collection's module_utils files, loaded on its own (they import nothing of
-    Ansible's), for tests that need no cluster."""
-    spec = importlib.util.spec_from_file_location(f"autoheal_mu_{name}", MODULE_UTILS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return plugin(f"module_utils.{name}")
 
 
 VENV_BIN = Path(sys.executable).parent
@@ -197,8 +204,6 @@ def run_module(module: str, args: dict[str, Any], *, check: bool = False) -> dic
     data["_rc"] = res.returncode
     data.setdefault("failed", res.returncode != 0)
     return data
-
-
 
 
 def _lab_cmd(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:

@@ -7,6 +7,8 @@ import pytest
 from tests.runbook.conftest import module_utils
 
 slurm = module_utils("slurm")
+hostlist = module_utils("hostlist")
+validate = module_utils("validate")
 
 
 @pytest.mark.parametrize(
@@ -21,14 +23,14 @@ slurm = module_utils("slurm")
     ],
 )
 def test_hostlist_expands_like_scontrol(text, names):
-    assert slurm.expand_hostlist(text) == names
+    assert hostlist.expand_hostlist(text) == names
 
 
 def test_hostlist_compress_round_trips():
     names = [f"gpu-{i}" for i in (1, 2, 3, 5, 10, 11)] + ["login"]
-    text = slurm.compress_hostlist(names)
+    text = hostlist.compress_hostlist(names)
     assert text == "login,gpu-[1-3,5,10-11]"
-    assert sorted(slurm.expand_hostlist(text)) == sorted(names)
+    assert sorted(hostlist.expand_hostlist(text)) == sorted(names)
 
 
 def test_sinfo_2205_layout_state_string_and_flags_list():
@@ -126,9 +128,11 @@ def test_squeue_falls_back_to_job_resources_allocation():
     assert slurm.parse_squeue({"jobs": [job]})[0]["nodes"] == ["gpu-3", "gpu-4"]
 
 
-@pytest.mark.parametrize("bad", ["GPU-1", "gpu_1", "gpu-1;rm -rf /", "-gpu", "gpu-[1-3]", "a" * 64, ""])
+@pytest.mark.parametrize(
+    "bad", ["GPU-1", "gpu_1", "gpu-1;rm -rf /", "-gpu", "gpu-[1-3]", "a" * 64, "", "gpu-1\n", None, 7]
+)
 def test_node_name_grammar_rejects_hostile_names(bad):
-    assert not slurm.NODE_NAME_RE.match(bad)
+    assert not validate.is_node_name(bad)
 
 
 def test_sinfo_text_records_match_the_json_ones():

@@ -1,18 +1,17 @@
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 """Options every autoheal.cluster Kubernetes module shares (module_utils/kube.py KUBE_COMMON_ARGS)."""
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 
-class ModuleDocFragment(object):
+class ModuleDocFragment:
     DOCUMENTATION = r"""
 options:
   kubeconfig:
-    description: Path to a kubeconfig; default in-cluster config, then C(KUBECONFIG), then C(~/.kube/config).
+    description:
+      - Absolute path to a kubeconfig; default in-cluster config, then C(KUBECONFIG), then C(~/.kube/config).
+      - A relative path is refused - the module does not run in the directory the play was started from.
     type: path
   context:
     description: Kubeconfig context.

@@ -1,24 +1,24 @@
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 """Options every autoheal.cluster Slurm module shares (module_utils/slurm.py SLURM_COMMON_ARGS)."""
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 
-class ModuleDocFragment(object):
+class ModuleDocFragment:
     DOCUMENTATION = r"""
 options:
   slurm_conf:
-    description: Path to slurm.conf (exported as C(SLURM_CONF)).
+    description:
+      - Absolute path to slurm.conf (exported as C(SLURM_CONF)); default is Slurm's own.
+      - A relative path is refused - the module does not run in the directory the play was started from.
     type: path
   bin_dir:
-    description: Directory holding the Slurm commands (C(sinfo), C(squeue), C(scontrol)); default is the C(PATH).
+    description:
+      - Directory holding the Slurm commands (C(sinfo), C(squeue), C(scontrol)); default is the C(PATH).
     type: path
   timeout:
-    description: Seconds allowed per Slurm command.
+    description: Seconds allowed per Slurm command (run under C(timeout) when it is on the C(PATH)).
     type: int
     default: 30
 """

@@ -1,70 +1,111 @@
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
-"""Small filters that keep the runbooks' Jinja readable."""
-
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
-
-DOCUMENTATION = r"""
-name: node_map
-short_description: Pair node names with a parallel list of values
-description:
-  - >-
-    C(nodes | autoheal.cluster.node_map(values, default)) returns C({node: value}); nodes past the
-    end of O(values) get O(default).
-  - >-
-    C(nodes | autoheal.cluster.phase_events(incidents, phase, status, ts, detail)) returns journal
-    events C([{incident, node, phase, status, ts, detail}]) where O(incidents) is a C({node: id}) map
-    and O(detail) a string or a C({node: text}) map.
-  - >-
-    C(nodes | autoheal.cluster.jobs_by_node(jobs, ids)) returns C({node: [job ids]}) from the
-    C(jobs) list returned by M(autoheal.cluster.slurm_jobs); with O(ids) only those job ids count.
-options:
-  _input:
-    description: Node names.
-    type: list
-    elements: str
-    required: true
+"""The runbooks' decisions, as filters: which Slurm reason each node gets, which nodes a step acts
+on, what a drain left behind. They live here, tested (tests/runbook/test_filters.py), so that a
+play reads as the list of its steps. Documented in the .yml file of the same name as each filter.
 """
 
-import time
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+Run = Mapping[str, Any]  # the fact autoheal_run (autoheal.cluster.runbook_inputs)
 
 
-def node_map(nodes, values, default=None):
-    values = list(values or [])
-    return dict((n, values[i] if i < len(values) else default) for i, n in enumerate(nodes or []))
+def node_map(nodes: Iterable[str], values: Iterable[Any] | None, default: Any = None) -> dict[str, Any]:
+    """{node: value} from two parallel lists; nodes past the end of `values` get `default`."""
+    vals = list(values or [])
+    return {n: vals[i] if i < len(vals) else default for i, n in enumerate(nodes or [])}
 
 
-def phase_events(nodes, incidents, phase, status="ok", ts=None, detail=None):
-    incidents = incidents or {}
-    stamp = float(ts) if ts not in (None, "") else time.time()
-    out = []
-    for n in nodes or []:
-        d = detail.get(n) if isinstance(detail, dict) else detail
-        ev = dict(incident=str(incidents.get(n) or "manual"), node=n, phase=phase,
-                  status=status(n) if callable(status) else status, ts=stamp)
-        if d not in (None, "", [], {}):
-            ev["detail"] = d if isinstance(d, str) else str(d)
-        out.append(ev)
-    return out
+def slurm_reasons(run: Run) -> dict[str, str]:
+    """The Slurm reason of each node: the fault (``XID 79 gpu3``) or the manual reason, then the
+    node's incident. A batch bigger than `reason_per_node_max` (a storm) shares one reason naming
+    its first incident and the batch size, so the whole batch is fenced with ONE scontrol call;
+    each node's own incident is still in its annotation, the journal and the Events."""
+    nodes, incidents = list(run["nodes"]), run["incidents"]
+    if run.get("xid") is not None:
+        head = f"XID {run['xid']}" + (f" gpu{run['gpu']}" if run.get("gpu") is not None else "")
+    else:
+        head = str(run.get("reason") or "manual fence")
+    limit = run.get("reason_per_node_max")
+    if limit is None or len(nodes) <= int(limit):
+        return {n: f"{head} {incidents[n]}" for n in nodes}
+    shared = f"{head} {incidents[nodes[0]]} +{len(nodes) - 1}"
+    return {n: shared for n in nodes}
 
 
-def jobs_by_node(nodes, jobs, ids=None):
-    """{node: [job ids]} for the jobs (slurm_jobs `jobs` records) that ran on each node; with
-    `ids`, only those job ids count."""
-    wanted = None if ids is None else set(int(i) for i in ids)
-    out = dict((n, []) for n in nodes or [])
-    for job in jobs or []:
-        if wanted is not None and int(job["job_id"]) not in wanted:
-            continue
-        for n in job.get("nodes") or []:
-            if n in out:
-                out[n].append(job["job_id"])
-    return out
+def triage(fence: Mapping[str, Any], run: Run, opt_out: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Which nodes each later step acts on, from the fence's result and the preflight's opt-out
+    verdicts ({node: [sources]}): nodes gone from everywhere are skipped; opted-out nodes (or all,
+    with autoheal_opt_out) stay fenced and are only notified; the rest are remediated."""
+    gone = [n for n in run["nodes"] if n in fence["gone_nodes"]]
+    fenced = [n for n in run["nodes"] if n not in gone]
+    if run.get("opt_out"):
+        why = {n: "autoheal_opt_out" for n in fenced}
+    else:
+        why = {n: ", ".join(map(str, (opt_out or {})[n])) for n in fenced if n in (opt_out or {})}
+    act = [n for n in fenced if n not in why]
+    return dict(
+        gone=gone,
+        fenced=fenced,
+        opt_out=[n for n in fenced if n in why],
+        opt_out_why=why,
+        act=act,
+        act_slurm=[n for n in act if n in fence["slurm_nodes"]],
+        act_kube=[n for n in act if n in fence["kube_nodes"]],
+        kube=list(fence["kube_nodes"]),
+    )
 
 
-class FilterModule(object):
-    def filters(self):
-        return {"node_map": node_map, "phase_events": phase_events, "jobs_by_node": jobs_by_node}
+def nodes_where(nodes: Mapping[str, Mapping[str, Any]], **wanted: Any) -> list[str]:
+    """Names of the node records (e.g. autoheal.cluster.slurm_node_info's `nodes`) whose fields
+    all have the wanted values: ``info.nodes | autoheal.cluster.nodes_where(down=true, owned=true)``."""
+    return [name for name, rec in nodes.items() if all(rec.get(k) == v for k, v in wanted.items())]
+
+
+def annotate(values: Mapping[str, Any], key: str) -> dict[str, dict[str, str]]:
+    """Per node annotations for autoheal.cluster.k8s_nodes: {node: value} -> {node: {key: value}};
+    nodes without a value get none."""
+    return {node: {key: str(value)} for node, value in values.items() if value not in (None, "")}
+
+
+def k8s_drain_outcome(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """What a loop of kubernetes.core.k8s_drain tasks (one per node) drained, what it could not
+    (node -> message) and its warnings, shaped like autoheal.cluster.k8s_evict's result."""
+    ran = [r for r in results or [] if "skipped" not in r]
+    return dict(
+        drained=[r["item"] for r in ran if "result" in r],
+        failures={r["item"]: r.get("msg", "drain failed") for r in ran if "result" not in r},
+        warnings={r["item"]: r["warnings"] for r in ran if r.get("warnings")},
+    )
+
+
+def lab_pools(status: str | Mapping[str, Any]) -> dict[str, Any]:
+    """`autoheal lab pool status --json` (its text or parsed): retired nodes, the members and
+    pending nodes of every pool, and whether every pool is back at its declared size."""
+    data = json.loads(status) if isinstance(status, str) else status
+    pools = list((data.get("pools") or {}).values())
+    members = [m for p in pools for m in p.get("members") or []]
+    pending = [m for p in pools for m in p.get("pending") or []]
+    return dict(
+        retired=list(data.get("retired") or []),
+        members=members,
+        pending=pending,
+        backfilled=not pending and len(members) >= sum(int(p.get("declared") or 0) for p in pools),
+    )
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "node_map": node_map,
+            "slurm_reasons": slurm_reasons,
+            "triage": triage,
+            "nodes_where": nodes_where,
+            "annotate": annotate,
+            "k8s_drain_outcome": k8s_drain_outcome,
+            "lab_pools": lab_pools,
+        }

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 """A small, thread-safe Kubernetes REST helper for the autoheal.cluster modules.
@@ -13,9 +12,7 @@ task, on the path from alert to fence. Anything else (exec plugins, auth provide
 the ``kubernetes`` package's own loader.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 import base64
 import http.client
@@ -25,9 +22,14 @@ import ssl
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, Iterable, TypeVar
 from urllib.parse import quote, urlsplit
 
-KUBE_COMMON_ARGS = dict(
+T = TypeVar("T")
+R = TypeVar("R")
+Obj = Dict[str, Any]  # a Kubernetes object as JSON
+
+KUBE_COMMON_ARGS: dict[str, dict[str, Any]] = dict(
     kubeconfig=dict(type="path"),
     context=dict(type="str"),
     workers=dict(type="int", default=16),
@@ -36,24 +38,46 @@ KUBE_COMMON_ARGS = dict(
 
 
 class KubeError(Exception):
-    def __init__(self, status, message):
-        Exception.__init__(self, "%s: %s" % (status, message))
+    """An API request failed: `status` is the HTTP status (0: no answer)."""
+
+    def __init__(self, status: int, message: Any) -> None:
+        Exception.__init__(self, f"{status}: {message}")
         self.status = status
         self.message = message
 
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# the user entries read here; anything else (exec plugins, auth providers) needs the kubernetes package
+SIMPLE_USER_KEYS = {
+    "token",
+    "tokenFile",
+    "client-certificate",
+    "client-key",
+    "client-certificate-data",
+    "client-key-data",
+}
 
 
-class Conn(object):
+class Conn:
     """What a request needs: server URL, CA, client certificate, bearer token."""
 
-    def __init__(self, host, ca_file=None, ca_data=None, verify=True, cert_file=None, key_file=None,
-                 cert_data=None, key_data=None, token=None, authorization=None):
+    def __init__(
+        self,
+        host: str,
+        ca_file: str | None = None,
+        ca_data: str | None = None,
+        verify: bool = True,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        cert_data: bytes | None = None,
+        key_data: bytes | None = None,
+        token: str | None = None,
+        authorization: str | None = None,
+    ) -> None:
         self.host = host.rstrip("/")
         self.token = token
         # the Authorization header: a bearer token, or a value the kubernetes loader built whole
-        self.authorization = authorization or ("Bearer %s" % token if token else None)
+        self.authorization = authorization or (f"Bearer {token}" if token else None)
         ctx = ssl.create_default_context(cafile=ca_file, cadata=ca_data)
         if not verify:
             ctx.check_hostname = False
@@ -72,15 +96,21 @@ class Conn(object):
         self.ctx = ctx
 
 
-def _b64(value):
+def _b64(value: str | None) -> bytes | None:
     return base64.b64decode(value) if value else None
 
 
-def _rel(base, path):
+def _rel(base: str, path: str | None) -> str | None:
+    """A kubeconfig's relative file paths are relative to the kubeconfig itself."""
     return path if not path or os.path.isabs(path) else os.path.join(os.path.dirname(base), path)
 
 
-def simple_conn(path, context=None):
+def _pick(items: Any, name: Any, key: str) -> Any:
+    """The `key` mapping of the entry named `name` in a kubeconfig list, or None."""
+    return next(((c.get(key) or {}) for c in items or [] if c.get("name") == name), None)
+
+
+def simple_conn(path: str, context: str | None = None) -> Conn | None:
     """A Conn from a kubeconfig that uses a token or a client certificate; None when it needs the
     kubernetes package (exec plugins, auth providers, several files in KUBECONFIG)."""
     import yaml  # ansible depends on PyYAML
@@ -88,20 +118,18 @@ def simple_conn(path, context=None):
     with open(path) as fh:
         cfg = yaml.safe_load(fh) or {}
     name = context or cfg.get("current-context")
-    ctx = next((c.get("context") or {} for c in cfg.get("contexts") or [] if c.get("name") == name), None)
+    ctx = _pick(cfg.get("contexts"), name, "context")
     if ctx is None:
-        raise ValueError("context %r not found in %s" % (name, path))
-    cluster = next((c.get("cluster") or {} for c in cfg.get("clusters") or []
-                    if c.get("name") == ctx.get("cluster")), None)
-    user = next((u.get("user") or {} for u in cfg.get("users") or [] if u.get("name") == ctx.get("user")), {})
+        raise ValueError(f"context {name!r} not found in {path}")
+    cluster = _pick(cfg.get("clusters"), ctx.get("cluster"), "cluster")
+    user = _pick(cfg.get("users"), ctx.get("user"), "user") or {}
     if not cluster or not cluster.get("server"):
-        raise ValueError("cluster %r of context %r has no server in %s" % (ctx.get("cluster"), name, path))
-    if set(user) - {"token", "tokenFile", "client-certificate", "client-key", "client-certificate-data",
-                    "client-key-data"}:
+        raise ValueError(f"cluster {ctx.get('cluster')!r} of context {name!r} has no server in {path}")
+    if set(user) - SIMPLE_USER_KEYS:
         return None
     token = user.get("token")
     if not token and user.get("tokenFile"):
-        with open(_rel(path, user["tokenFile"])) as fh:
+        with open(str(_rel(path, user["tokenFile"]))) as fh:
             token = fh.read().strip()
     ca_data = _b64(cluster.get("certificate-authority-data"))
     return Conn(
@@ -117,58 +145,76 @@ def simple_conn(path, context=None):
     )
 
 
-def incluster_conn():
+def incluster_conn() -> Conn | None:
     host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
     if not host or not port or not os.path.isfile(os.path.join(SA_DIR, "token")):
         return None
     with open(os.path.join(SA_DIR, "token")) as fh:
         token = fh.read().strip()
     if ":" in host:
-        host = "[%s]" % host
-    return Conn("https://%s:%s" % (host, port), ca_file=os.path.join(SA_DIR, "ca.crt"), token=token)
+        host = f"[{host}]"
+    return Conn(f"https://{host}:{port}", ca_file=os.path.join(SA_DIR, "ca.crt"), token=token)
 
 
-def library_conn(kubeconfig, context):
+def library_conn(kubeconfig: str | None, context: str | None) -> Conn:
     """The kubernetes package's loader, for everything simple_conn does not read."""
     from kubernetes import config as kconfig
     from kubernetes.client import Configuration
 
     cfg = Configuration()
-    kconfig.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    # the kubernetes package's loader has no annotations
+    kconfig.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig, context=context, client_configuration=cfg
+    )
     # the loader stores the whole header value ("Bearer ..."), or the token and a separate prefix
     token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
     prefix = (cfg.api_key_prefix or {}).get("authorization")
     if token and prefix:
-        token = "%s %s" % (prefix, token)
-    return Conn(cfg.host, ca_file=cfg.ssl_ca_cert, verify=cfg.verify_ssl, cert_file=cfg.cert_file,
-                key_file=cfg.key_file, authorization=token)
+        token = f"{prefix} {token}"
+    return Conn(
+        cfg.host,
+        ca_file=cfg.ssl_ca_cert,
+        verify=cfg.verify_ssl,
+        cert_file=cfg.cert_file,
+        key_file=cfg.key_file,
+        authorization=token,
+    )
 
 
-def load_conn(kubeconfig=None, context=None):
+def load_conn(kubeconfig: str | None = None, context: str | None = None) -> Conn:
     if not kubeconfig:
         conn = incluster_conn()
         if conn is not None:
             return conn
         env = os.environ.get("KUBECONFIG", "")
-        kubeconfig = env if env and os.pathsep not in env else (
-            None if env else os.path.expanduser("~/.kube/config"))
+        kubeconfig = (
+            env if env and os.pathsep not in env else (None if env else os.path.expanduser("~/.kube/config"))
+        )
     conn = simple_conn(kubeconfig, context) if kubeconfig else None
     return conn if conn is not None else library_conn(kubeconfig, context)
 
 
-class Kube(object):
-    def __init__(self, module):
+class Kube:
+    """Requests to the API server for one module, with a keep-alive connection per thread."""
+
+    def __init__(self, module: Any) -> None:
         self.module = module
         self.timeout = module.params.get("request_timeout") or 20
         self.workers = max(1, module.params.get("workers") or 16)
+        kubeconfig = module.params.get("kubeconfig")
+        if kubeconfig and not os.path.isabs(kubeconfig):
+            # the module's working directory is not the engineer's (the plays pass absolute paths)
+            module.fail_json(msg=f"kubeconfig {kubeconfig}: give an absolute path")
+        if kubeconfig and not os.path.isfile(kubeconfig):
+            module.fail_json(msg=f"kubeconfig {kubeconfig} does not exist")
         try:
-            conn = load_conn(module.params.get("kubeconfig"), module.params.get("context"))
+            conn = load_conn(kubeconfig, module.params.get("context"))
         except ImportError:
             module.fail_json(msg="the kubernetes Python package is required for this kubeconfig")
-        except Exception as exc:
-            module.fail_json(msg="cannot load Kubernetes configuration: %s" % exc)
+        except Exception as exc:  # any loader failure: report it, naming the kubeconfig
+            module.fail_json(msg=f"cannot load the Kubernetes configuration {kubeconfig or ''}: {exc}")
         self.host = conn.host
-        self.headers = {"Accept": "application/json"}
+        self.headers: dict[str, str] = {"Accept": "application/json"}
         if conn.authorization:
             self.headers["Authorization"] = conn.authorization
         self.ctx = conn.ctx
@@ -178,8 +224,8 @@ class Kube(object):
         # not per request.
         self.local = threading.local()
 
-    def _conn(self, fresh=False):
-        conn = getattr(self.local, "conn", None)
+    def _conn(self, fresh: bool = False) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self.local, "conn", None)
         if conn is None or fresh:
             if conn is not None:
                 conn.close()
@@ -190,71 +236,108 @@ class Kube(object):
             self.local.conn = conn
         return conn
 
-    def request(self, method, path, body=None, content_type="application/json", query=None):
-        target = self.base + path
-        if query:
-            target += "?" + "&".join("%s=%s" % (k, quote(str(v), safe="")) for k, v in query.items())
-        data = None
-        headers = dict(self.headers)
-        if body is not None:
-            data = json.dumps(body).encode("utf-8")
-            headers["Content-Type"] = content_type
+    def _send(
+        self, method: str, target: str, data: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
         for attempt in (0, 1):
             conn = self._conn(fresh=attempt > 0)
             try:
                 conn.request(method, target, body=data, headers=headers)
                 resp = conn.getresponse()
-                raw = resp.read()
-                break
+                return resp.status, resp.read()
             except (http.client.HTTPException, OSError) as exc:
                 # a kept-alive connection the server closed: retry once on a fresh one
                 if attempt:
-                    raise KubeError(0, str(exc))
-        if resp.status >= 400:
+                    raise KubeError(0, str(exc)) from exc
+        raise AssertionError("not reached")
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: dict[str, Any] | None = None,
+    ) -> Obj:
+        target = self.base + path
+        if query:
+            target += "?" + "&".join(f"{k}={quote(str(v), safe='')}" for k, v in query.items())
+        data = None
+        headers = dict(self.headers)
+        if body is not None:
+            data = json.dumps(body).encode("utf-8")
+            headers["Content-Type"] = content_type
+        status, raw = self._send(method, target, data, headers)
+        if status >= 400:
             try:
                 msg = json.loads(raw).get("message") or raw
             except ValueError:
                 msg = raw.decode("utf-8", "replace")
-            raise KubeError(resp.status, msg)
-        return json.loads(raw) if raw else {}
+            raise KubeError(status, msg)
+        out: Obj = json.loads(raw) if raw else {}
+        return out
 
-    def get_node(self, name, cached=False):
+    def get_node(self, name: str, cached: bool = False) -> Obj | None:
         """The node, or None. cached=True reads the apiserver's watch cache (resourceVersion=0),
         sparing etcd a quorum read per node; only for reads whose write carries the
         resourceVersion it saw (a stale read then fails with 409 and is retried uncached)."""
         try:
-            return self.request("GET", "/api/v1/nodes/" + quote(name),
-                                query={"resourceVersion": "0"} if cached else None)
+            return self.request(
+                "GET", "/api/v1/nodes/" + quote(name), query={"resourceVersion": "0"} if cached else None
+            )
         except KubeError as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def patch_node(self, name, patch):
-        return self.request("PATCH", "/api/v1/nodes/" + quote(name), patch,
-                            content_type="application/merge-patch+json")
+    def patch_node(self, name: str, patch: Obj) -> Obj:
+        return self.request(
+            "PATCH", "/api/v1/nodes/" + quote(name), patch, content_type="application/merge-patch+json"
+        )
 
-    def pods_on(self, node):
-        out = self.request("GET", "/api/v1/pods", query={"fieldSelector": "spec.nodeName=%s" % node})
-        return out.get("items") or []
+    def pods_on(self, node: str) -> list[Obj]:
+        out = self.request("GET", "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={node}"})
+        return list(out.get("items") or [])
 
-    def map(self, fn, items):
+    def map(self, fn: Callable[[T], R | None], items: Iterable[T]) -> dict[T, tuple[R | None, str | None]]:
         """Run fn over items concurrently; return {item: (result, error_message)}."""
-        def safe(item):
+        items = list(items)
+
+        def safe(item: T) -> tuple[T, R | None, str | None]:
             try:
                 return item, fn(item), None
             except KubeError as exc:
                 return item, None, str(exc)
             except Exception as exc:  # a bug must not hide the other nodes' results
-                return item, None, "%s: %s" % (type(exc).__name__, exc)
+                return item, None, f"{type(exc).__name__}: {exc}"
+
         if not items:
             return {}
         with ThreadPoolExecutor(max_workers=min(self.workers, len(items))) as pool:
-            return dict((i, (r, e)) for i, r, e in pool.map(safe, items))
+            return {i: (r, e) for i, r, e in pool.map(safe, items)}
 
 
-def node_ready(node):
+def node_ready(node: Obj) -> bool:
     for c in (node.get("status") or {}).get("conditions") or []:
         if c.get("type") == "Ready":
-            return c.get("status") == "True"
+            return bool(c.get("status") == "True")
     return False
+
+
+def sort_results(
+    names: Iterable[str], res: dict[str, tuple[R | None, str | None]]
+) -> tuple[dict[str, R], list[str], dict[str, str]]:
+    """Split Kube.map's results into (found {name: result}, missing names, errors {name: text}),
+    in the order of `names`; a per-node function returns None for a node that does not exist."""
+    found: dict[str, R] = {}
+    missing: list[str] = []
+    errors: dict[str, str] = {}
+    for name in names:
+        out, err = res[name]
+        if err:
+            errors[name] = err
+        elif out is None:
+            missing.append(name)
+        else:
+            found[name] = out
+    return found, missing, errors

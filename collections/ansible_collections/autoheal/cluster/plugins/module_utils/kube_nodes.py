@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 """Patching a batch of Kubernetes nodes (cordon, labels, annotations, taints), shared by the
@@ -10,166 +9,187 @@ read (a conflict is re-read and retried). It raises NodesError (with the result)
 fail_json, so the fence module can run it in a thread.
 """
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 import copy
+from typing import Any, Dict, Tuple
 
-from ansible_collections.autoheal.cluster.plugins.module_utils.kube import KubeError
+from ansible_collections.autoheal.cluster.plugins.module_utils.contract import CORDONED_BY_ANNOTATION
+from ansible_collections.autoheal.cluster.plugins.module_utils.kube import Kube, KubeError, Obj, sort_results
 
 OWNER = "autoheal"
-QUARANTINE_TAINT = "autoheal.io/quarantine"
-STATE_LABEL = "autoheal.io/state"
-INCIDENT_ANNOTATION = "autoheal.io/incident"
-CORDON_OWNER_ANNOTATION = "autoheal.io/cordoned-by"
+CORDON_OWNER_ANNOTATION = CORDONED_BY_ANNOTATION
+View = Dict[str, Any]  # unschedulable, labels, annotations, taints of one node
+TaintKey = Tuple[Any, Any, Any]
 
 
 class NodesError(Exception):
-    def __init__(self, msg, result):
+    """A step failed; `result` is what was done up to then (returned with the failure)."""
+
+    def __init__(self, msg: str, result: dict[str, Any]) -> None:
         Exception.__init__(self, msg)
         self.msg = msg
         self.result = result
 
 
-def view(node):
+def view(node: Obj) -> View:
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
-    return dict(unschedulable=bool(spec.get("unschedulable")), labels=dict(meta.get("labels") or {}),
-                annotations=dict(meta.get("annotations") or {}), taints=list(spec.get("taints") or []))
+    return dict(
+        unschedulable=bool(spec.get("unschedulable")),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        taints=list(spec.get("taints") or []),
+    )
 
 
-def desired(cur, name, p):
-    """Return (new view, skipped reasons) for one node."""
-    new = copy.deepcopy(cur)
-    skipped = []
+def _set_keys(target: dict[str, Any], wanted: dict[str, Any]) -> None:
+    """Set the wanted keys; a None value removes the key."""
+    for k, v in wanted.items():
+        if v is None:
+            target.pop(k, None)
+        else:
+            target[k] = str(v)
+
+
+def _cordon(cur: View, new: View, name: str, p: dict[str, Any]) -> list[dict[str, str]]:
+    """Cordon or uncordon as asked; an uncordon of someone else's cordon is skipped (returned)."""
     owner_key = p["cordon_owner_annotation"]
-    for k, v in (p["labels"] or {}).items():
-        if v is None:
-            new["labels"].pop(k, None)
-        else:
-            new["labels"][k] = str(v)
-    ann = dict(p["annotations"] or {})
-    ann.update((p["node_annotations"] or {}).get(name) or {})
-    for k, v in ann.items():
-        if v is None:
-            new["annotations"].pop(k, None)
-        else:
-            new["annotations"][k] = str(v)
     if p["cordon"] is True and not cur["unschedulable"]:
         new["unschedulable"] = True
         new["annotations"][owner_key] = OWNER
     elif p["cordon"] is False and cur["unschedulable"]:
-        if cur["annotations"].get(owner_key) == OWNER or not p["cordon_owned_only"]:
-            new["unschedulable"] = False
-            new["annotations"].pop(owner_key, None)
-        else:
-            skipped.append(dict(node=name, what="uncordon", reason="cordoned by someone else"))
-    taints = [t for t in new["taints"]]
-    for t in p["taints"] or []:
+        if cur["annotations"].get(owner_key) != OWNER and p["cordon_owned_only"]:
+            return [dict(node=name, what="uncordon", reason="cordoned by someone else")]
+        new["unschedulable"] = False
+        new["annotations"].pop(owner_key, None)
+    return []
+
+
+def _matches(taint: dict[str, Any], want: dict[str, Any]) -> bool:
+    """Same key, and the same effect when the wanted taint names one."""
+    return bool(
+        taint.get("key") == want["key"] and (not want.get("effect") or taint.get("effect") == want["effect"])
+    )
+
+
+def _taints(taints: list[dict[str, Any]], wanted: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = list(taints)
+    for t in wanted or []:
         if t["state"] == "absent":
-            taints = [x for x in taints if not (x.get("key") == t["key"]
-                                                 and (not t.get("effect") or x.get("effect") == t["effect"]))]
-        else:
-            if not t.get("effect"):
-                raise ValueError("taint %s: effect is required with state=present" % t["key"])
-            want = dict(key=t["key"], effect=t["effect"])
-            if t.get("value") is not None:
-                want["value"] = t["value"]
-            same = [x for x in taints if x.get("key") == t["key"] and x.get("effect") == t["effect"]]
-            if not same or any(x.get("value") != want.get("value") for x in same):
-                taints = [x for x in taints if not (x.get("key") == t["key"] and x.get("effect") == t["effect"])]
-                taints.append(want)
-    # Kubernetes adds timeAdded to NoExecute taints; compare without it.
-    new["taints"] = taints
+            out = [x for x in out if not _matches(x, t)]
+            continue
+        if not t.get("effect"):
+            raise ValueError(f"taint {t['key']}: effect is required with state=present")
+        want = dict(key=t["key"], effect=t["effect"])
+        if t.get("value") is not None:
+            want["value"] = t["value"]
+        same = [x for x in out if _matches(x, t)]
+        if not same or any(x.get("value") != want.get("value") for x in same):
+            out = [x for x in out if not _matches(x, t)] + [want]
+    return out
+
+
+def desired(cur: View, name: str, p: dict[str, Any]) -> tuple[View, list[dict[str, str]]]:
+    """Return (new view, skipped reasons) for one node."""
+    new = copy.deepcopy(cur)
+    _set_keys(new["labels"], p["labels"] or {})
+    _set_keys(
+        new["annotations"], dict(p["annotations"] or {}, **((p["node_annotations"] or {}).get(name) or {}))
+    )
+    skipped = _cordon(cur, new, name, p)
+    new["taints"] = _taints(new["taints"], p["taints"])
     return new, skipped
 
 
-def strip(taints):
+def strip(taints: list[dict[str, Any]]) -> list[TaintKey]:
+    """Taints without timeAdded (Kubernetes adds it to NoExecute taints), comparable."""
     return sorted((t.get("key"), t.get("value"), t.get("effect")) for t in taints)
 
 
-def same(a, b):
-    return (a["unschedulable"] == b["unschedulable"] and a["labels"] == b["labels"]
-            and a["annotations"] == b["annotations"] and strip(a["taints"]) == strip(b["taints"]))
+def same(a: View, b: View) -> bool:
+    return bool(
+        a["unschedulable"] == b["unschedulable"]
+        and a["labels"] == b["labels"]
+        and a["annotations"] == b["annotations"]
+        and strip(a["taints"]) == strip(b["taints"])
+    )
 
 
-def merge_patch(cur, new, rv):
-    meta = {"resourceVersion": rv}
-    labels = dict((k, v) for k, v in new["labels"].items() if cur["labels"].get(k) != v)
-    labels.update((k, None) for k in cur["labels"] if k not in new["labels"])
-    anns = dict((k, v) for k, v in new["annotations"].items() if cur["annotations"].get(k) != v)
-    anns.update((k, None) for k in cur["annotations"] if k not in new["annotations"])
-    if labels:
-        meta["labels"] = labels
-    if anns:
-        meta["annotations"] = anns
-    spec = {}
+def _changed_keys(cur: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Merge-patch body of a string map: changed keys, and None for removed ones."""
+    out: dict[str, Any] = {k: v for k, v in new.items() if cur.get(k) != v}
+    out.update((k, None) for k in cur if k not in new)
+    return out
+
+
+def merge_patch(cur: View, new: View, rv: str | None) -> Obj:
+    meta: dict[str, Any] = {"resourceVersion": rv}
+    for key in ("labels", "annotations"):
+        changed = _changed_keys(cur[key], new[key])
+        if changed:
+            meta[key] = changed
+    spec: dict[str, Any] = {}
     if new["unschedulable"] != cur["unschedulable"]:
         spec["unschedulable"] = new["unschedulable"] or None
     if strip(new["taints"]) != strip(cur["taints"]):
         spec["taints"] = new["taints"] or None
-    body = {"metadata": meta}
-    if spec:
-        body["spec"] = spec
-    return body
+    return {"metadata": meta, "spec": spec} if spec else {"metadata": meta}
 
 
-def apply(module, kube, names, p):
+def _handle(module: Any, kube: Kube, name: str, p: dict[str, Any]) -> dict[str, Any] | None:
+    """Bring one node where `p` asks; None when it does not exist."""
+    for attempt in range(6):
+        # The first read comes from the watch cache and is trusted only for a patch, which
+        # carries its resourceVersion; "missing" or "nothing to change" is read again.
+        cached = attempt == 0
+        node = kube.get_node(name, cached=cached)
+        if node is None:
+            if cached:
+                continue
+            return None
+        cur = view(node)
+        new, skipped = desired(cur, name, p)
+        if same(cur, new):
+            if cached:
+                continue
+            return dict(changed=False, before=cur, after=cur, skipped=skipped)
+        if module.check_mode:
+            return dict(changed=True, before=cur, after=new, skipped=skipped)
+        try:
+            patched = kube.patch_node(name, merge_patch(cur, new, node["metadata"].get("resourceVersion")))
+        except KubeError as exc:
+            if exc.status == 409:  # someone else wrote the node meanwhile: recompute
+                continue
+            raise
+        return dict(changed=True, before=cur, after=view(patched), skipped=skipped)
+    raise KubeError(409, f"node {name} kept changing under us (5 conflicts)")
+
+
+def apply(module: Any, kube: Kube, names: list[str], p: dict[str, Any]) -> dict[str, Any]:
     """Patch `names` as `p` asks (the k8s_nodes options); returns the result."""
-    def handle(name):
-        for attempt in range(6):
-            # The first read comes from the watch cache and is trusted only for a patch, which
-            # carries its resourceVersion; "missing" or "nothing to change" is read again.
-            cached = attempt == 0
-            node = kube.get_node(name, cached=cached)
-            if node is None:
-                if cached:
-                    continue
-                return dict(missing=True)
-            cur = view(node)
-            new, skipped = desired(cur, name, p)
-            if same(cur, new):
-                if cached:
-                    continue
-                return dict(changed=False, before=cur, after=cur, skipped=skipped)
-            if module.check_mode:
-                return dict(changed=True, before=cur, after=new, skipped=skipped)
-            body = merge_patch(cur, new, node["metadata"].get("resourceVersion"))
-            try:
-                patched = kube.patch_node(name, body)
-            except KubeError as exc:
-                if exc.status == 409:  # someone else wrote the node meanwhile: recompute
-                    continue
-                raise
-            return dict(changed=True, before=cur, after=view(patched), skipped=skipped)
-        raise KubeError(409, "node %s kept changing under us (5 conflicts)" % name)
-
-    res = kube.map(handle, names)
-    result = dict(changed=False, changed_nodes=[], unchanged_nodes=[], skipped_nodes=[], missing_nodes=[],
-                  nodes_after={}, errors={})
-    diff_before, diff_after = {}, {}
-    for name in names:
-        out, err = res[name]
-        if err:
-            result["errors"][name] = err
-            continue
-        if out.get("missing"):
-            result["missing_nodes"].append(name)
-            continue
+    found, missing, errors = sort_results(names, kube.map(lambda n: _handle(module, kube, n, p), names))
+    result: dict[str, Any] = dict(
+        changed=False,
+        changed_nodes=[],
+        unchanged_nodes=[],
+        skipped_nodes=[],
+        missing_nodes=missing,
+        nodes_after={},
+        errors=errors,
+    )
+    diff: dict[str, dict[str, Any]] = dict(before={}, after={})
+    for name, out in found.items():
         result["skipped_nodes"].extend(out["skipped"])
         result["nodes_after"][name] = out["after"]
+        result["changed_nodes" if out["changed"] else "unchanged_nodes"].append(name)
         if out["changed"]:
-            result["changed"] = True
-            result["changed_nodes"].append(name)
-            diff_before[name] = out["before"]
-            diff_after[name] = out["after"]
-        else:
-            result["unchanged_nodes"].append(name)
+            diff["before"][name], diff["after"][name] = out["before"], out["after"]
+    result["changed"] = bool(result["changed_nodes"])
     if module._diff and result["changed"]:
-        result["diff"] = dict(before=diff_before, after=diff_after)
-    if result["errors"]:
-        raise NodesError("Kubernetes API errors: %s" % result["errors"], result)
-    if result["missing_nodes"] and not p["allow_missing"]:
-        raise NodesError("nodes not found in Kubernetes: %s" % ", ".join(result["missing_nodes"]), result)
+        result["diff"] = diff
+    if errors:
+        raise NodesError(f"Kubernetes API errors: {errors}", result)
+    if missing and not p["allow_missing"]:
+        raise NodesError("nodes not found in Kubernetes: " + ", ".join(missing), result)
     return result

@@ -1,11 +1,8 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -25,16 +22,8 @@ description:
   - Both halves always run to completion; if either fails, the task fails with both results.
   - An administrator's drain reason, and a cordon someone else set, are left alone (reported).
 version_added: 0.2.0
-author: autoheal maintainers
-extends_documentation_fragment:
-  - autoheal.cluster.slurm
-  - autoheal.cluster.kube
+author: autoheal maintainers (@autoheal-project)
 options:
-  nodes:
-    description: Node names (the same name in Slurm and Kubernetes).
-    type: list
-    elements: str
-    required: true
   reason:
     description: Slurm reason for every node (our prefix is added).
     type: str
@@ -55,6 +44,7 @@ options:
     description: Value of the quarantine taint (the fault's tier).
     type: str
     default: replace
+    choices: [reset, replace, notify]
   kubernetes:
     description: Quarantine in Kubernetes too; V(false) fences in Slurm only.
     type: bool
@@ -64,7 +54,8 @@ options:
     type: str
     default: autoheal.io/quarantine
   taint_effect:
-    description: Effect of the quarantine taint (NoSchedule lets PodDisruptionBudgets and the grace period rule).
+    description:
+      - Effect of the quarantine taint (NoSchedule lets PodDisruptionBudgets and the grace period rule).
     type: str
     default: NoSchedule
     choices: [NoSchedule, PreferNoSchedule, NoExecute]
@@ -84,11 +75,12 @@ options:
     description: Seconds to wait for Slurm to show the drain.
     type: float
     default: 10
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
+extends_documentation_fragment:
+  - autoheal.cluster.attributes
+  - autoheal.cluster.attributes.diff
+  - autoheal.cluster.nodes
+  - autoheal.cluster.slurm
+  - autoheal.cluster.kube
 """
 
 EXAMPLES = r"""
@@ -109,14 +101,39 @@ slurm:
   returned: always
   type: dict
 kube:
-  description: The Kubernetes half, shaped like M(autoheal.cluster.k8s_nodes)'s result ({} when O(kubernetes=false)).
+  description:
+    - The Kubernetes half, shaped like M(autoheal.cluster.k8s_nodes)'s result ({} when O(kubernetes=false)).
   returned: always
   type: dict
+slurm_nodes:
+  description: The nodes Slurm knows.
+  returned: always
+  type: list
+  elements: str
+kube_nodes:
+  description: The nodes Kubernetes knows (empty when O(kubernetes=false)).
+  returned: always
+  type: list
+  elements: str
+gone_nodes:
+  description: >-
+    Nodes known neither to Slurm nor to Kubernetes (to Slurm only, when O(kubernetes=false)) -
+    retired by an earlier run, or a name that was never a node.
+  returned: always
+  type: list
+  elements: str
 """
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.autoheal.cluster.plugins.module_utils.contract import (
+    INCIDENT_ANNOTATION,
+    QUARANTINE_TAINT_KEY,
+    QUARANTINED,
+    STATE_LABEL,
+)
 from ansible_collections.autoheal.cluster.plugins.module_utils.kube import KUBE_COMMON_ARGS, Kube
 from ansible_collections.autoheal.cluster.plugins.module_utils.kube_nodes import (
     CORDON_OWNER_ANNOTATION,
@@ -128,92 +145,130 @@ from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import (
     SLURM_COMMON_ARGS,
     Slurm,
     SlurmError,
-    validate_nodes,
-    validate_text,
 )
 from ansible_collections.autoheal.cluster.plugins.module_utils.slurm_state import (
     StateError,
+    Want,
     build_reasons,
     set_state,
 )
+from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes, validate_text
+
+EFFECTS = ["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
-def main():
-    argument_spec = dict(
+def argument_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = dict(
         nodes=dict(type="list", elements="str", required=True),
         reason=dict(type="str"),
         reasons=dict(type="dict", default={}),
         reason_prefix=dict(type="str", default=DEFAULT_PREFIX),
         incident_ids=dict(type="list", elements="str", default=[]),
-        tier=dict(type="str", default="replace"),
+        tier=dict(type="str", default="replace", choices=["reset", "replace", "notify"]),
         kubernetes=dict(type="bool", default=True),
-        taint_key=dict(type="str", default="autoheal.io/quarantine", no_log=False),
-        taint_effect=dict(type="str", default="NoSchedule", choices=["NoSchedule", "PreferNoSchedule", "NoExecute"]),
-        state_label=dict(type="str", default="autoheal.io/state"),
-        incident_annotation=dict(type="str", default="autoheal.io/incident"),
+        taint_key=dict(type="str", default=QUARANTINE_TAINT_KEY, no_log=False),
+        taint_effect=dict(type="str", default="NoSchedule", choices=EFFECTS),
+        state_label=dict(type="str", default=STATE_LABEL),
+        incident_annotation=dict(type="str", default=INCIDENT_ANNOTATION),
         allow_missing=dict(type="bool", default=False),
         verify_seconds=dict(type="float", default=10),
     )
-    argument_spec.update(SLURM_COMMON_ARGS)
-    argument_spec.update(KUBE_COMMON_ARGS)
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True,
-                           required_one_of=[("reason", "reasons")])
+    spec.update(SLURM_COMMON_ARGS)
+    spec.update(KUBE_COMMON_ARGS)
+    return spec
+
+
+def drain_want(module: Any, nodes: list[str]) -> Want:
+    """The Slurm half's target: drained, each node with its reason (ours, prefixed)."""
     p = module.params
-    nodes = validate_nodes(module, p["nodes"])
-    ids = list(p["incident_ids"])
-    for i in ids:
+    for i in p["incident_ids"]:
         validate_text(module, i, "incident_ids")
-    validate_text(module, p["tier"], "tier")
-    prefix = p["reason_prefix"]
-    reason, per_node = build_reasons(module, prefix, p["reason"], p["reasons"])
+    reason, per_node = build_reasons(module, p["reason_prefix"], p["reason"], p["reasons"])
     missing_reason = [n for n in nodes if per_node.get(n, reason) is None]
     if missing_reason:
-        module.fail_json(msg="no reason for: %s" % ", ".join(missing_reason))
+        module.fail_json(msg="no reason for: " + ", ".join(missing_reason))
+    return Want(
+        "drain",
+        reason,
+        per_node,
+        p["reason_prefix"],
+        allow_missing=p["allow_missing"],
+        verify_seconds=p["verify_seconds"],
+    )
 
-    slurm = Slurm(module)
-    slurm.require("sinfo", "scontrol")
-    slurm.raise_errors = True  # it runs in a thread: errors come back as exceptions
-    kube = Kube(module) if p["kubernetes"] else None
-    quarantine = dict(
+
+def quarantine(p: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
+    """The Kubernetes half's target, as k8s_nodes options: cordon, taint, label, annotation."""
+    ids = list(p["incident_ids"])
+    return dict(
         cordon=True,
         cordon_owned_only=True,
         cordon_owner_annotation=CORDON_OWNER_ANNOTATION,
-        labels={p["state_label"]: "quarantined"},
+        labels={p["state_label"]: QUARANTINED},
         annotations={},
-        node_annotations=(dict((n, {p["incident_annotation"]: i}) for n, i in zip(nodes, ids))
-                          if len(ids) == len(nodes) else {}),
+        node_annotations=(
+            {n: {p["incident_annotation"]: i} for n, i in zip(nodes, ids)} if len(ids) == len(nodes) else {}
+        ),
         taints=[dict(key=p["taint_key"], value=p["tier"], effect=p["taint_effect"], state="present")],
         allow_missing=p["allow_missing"],
     )
 
-    def drain():
-        return set_state(module, slurm, nodes, "drain", reason, per_node, prefix, None, None,
-                         p["allow_missing"], p["verify_seconds"])
 
-    out = dict(changed=False, slurm={}, kube={})
+def run_halves(futures: dict[str, Future[dict[str, Any]]]) -> tuple[dict[str, Any], list[str]]:
+    """Every half's result and the errors; a failing half never hides the other's result."""
+    out: dict[str, Any] = dict(slurm={}, kube={})
     errors = []
+    for half, fut in futures.items():
+        try:
+            out[half] = fut.result()
+        except (StateError, NodesError) as exc:
+            out[half] = exc.result
+            errors.append(f"{half}: {exc.msg}")
+        except SlurmError as exc:
+            errors.append(f"{half}: {exc}")
+        except Exception as exc:  # a bug in one half must not hide the other half's result
+            errors.append(f"{half}: {type(exc).__name__}: {exc}")
+    return out, errors
+
+
+def where(nodes: list[str], out: dict[str, Any], kubernetes: bool) -> dict[str, list[str]]:
+    """Which nodes each side knows, and those neither knows (the play skips those)."""
+    slurm_missing = out["slurm"].get("missing_nodes", [])
+    kube_missing = out["kube"].get("missing_nodes", []) if kubernetes else nodes
+    return dict(
+        slurm_nodes=[n for n in nodes if n not in slurm_missing],
+        kube_nodes=[n for n in nodes if n not in kube_missing] if kubernetes else [],
+        gone_nodes=[n for n in nodes if n in slurm_missing and n in kube_missing],
+    )
+
+
+def combined_diff(out: dict[str, Any]) -> dict[str, Any]:
+    return {
+        side: {half: out[half].get("diff", {}).get(side, {}) for half in ("slurm", "kube")}
+        for side in ("before", "after")
+    }
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=argument_spec(), supports_check_mode=True, required_one_of=[("reason", "reasons")]
+    )
+    p = module.params
+    nodes = validate_nodes(module, p["nodes"])
+    want = drain_want(module, nodes)
+    slurm = Slurm(module)
+    slurm.require("sinfo", "scontrol")
+    slurm.raise_errors = True  # it runs in a thread: errors come back as exceptions
+    kube = Kube(module) if p["kubernetes"] else None
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = dict(slurm=pool.submit(drain))
+        futures = dict(slurm=pool.submit(set_state, module, slurm, nodes, want))
         if kube is not None:
-            futures["kube"] = pool.submit(apply, module, kube, nodes, quarantine)
-        for half, fut in futures.items():
-            try:
-                out[half] = fut.result()
-            except (StateError, NodesError) as exc:
-                out[half] = exc.result
-                errors.append("%s: %s" % (half, exc.msg))
-            except SlurmError as exc:
-                errors.append("%s: %s" % (half, exc))
-            except Exception as exc:  # a bug in one half must not hide the other half's result
-                errors.append("%s: %s: %s" % (half, type(exc).__name__, exc))
-    out["changed"] = any(r.get("changed") for r in (out["slurm"], out["kube"]))
+            futures["kube"] = pool.submit(apply, module, kube, nodes, quarantine(p, nodes))
+        out, errors = run_halves(futures)
+    out.update(where(nodes, out, p["kubernetes"]))
+    out["changed"] = any(out[half].get("changed") for half in ("slurm", "kube"))
     if module._diff and out["changed"]:
-        out["diff"] = dict(
-            before=dict(slurm=out["slurm"].get("diff", {}).get("before", {}),
-                        kube=out["kube"].get("diff", {}).get("before", {})),
-            after=dict(slurm=out["slurm"].get("diff", {}).get("after", {}),
-                       kube=out["kube"].get("diff", {}).get("after", {})),
-        )
+        out["diff"] = combined_diff(out)
     if errors:
         module.fail_json(msg="; ".join(errors), **out)
     module.exit_json(**out)

@@ -1,11 +1,8 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -18,11 +15,12 @@ description:
     write, so the runner that tails the file sees whole lines only.
   - A journal is a record, not managed state - the task reports C(changed=false). In check mode
     nothing is written.
-  - An action plugin of the same name does the write in the controller process (the journal is
-    the runner's local file), which saves a module fork per phase: the phase timestamps then
+  - >-
+    An action plugin of the same name does the write in the controller process (the journal is
+    the runner's local file), which saves a module fork per phase - the phase timestamps then
     follow the step they record by milliseconds, not seconds.
 version_added: 0.1.0
-author: autoheal maintainers
+author: autoheal maintainers (@autoheal-project)
 options:
   path:
     description: The journal file (created with mode 0640 when missing; its directory must exist).
@@ -35,9 +33,9 @@ options:
     type: list
     elements: dict
     required: true
-attributes:
-  check_mode:
-    support: full
+extends_documentation_fragment:
+  - autoheal.cluster.attributes
+  - autoheal.cluster.attributes.action
 """
 
 EXAMPLES = r"""
@@ -58,15 +56,15 @@ written:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.autoheal.cluster.plugins.module_utils.journal import append, build_lines
+from ansible_collections.autoheal.cluster.plugins.module_utils.journal import (
+    ARGUMENT_SPEC,
+    append,
+    build_lines,
+)
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(path=dict(type="path", required=True),
-                           events=dict(type="list", elements="dict", required=True)),
-        supports_check_mode=True,
-    )
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         lines = build_lines(module.params["events"], time.time())
     except ValueError as exc:

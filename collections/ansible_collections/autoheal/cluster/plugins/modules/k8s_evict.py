@@ -1,11 +1,8 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -25,17 +22,12 @@ description:
   - It does not cordon - quarantine the nodes first (M(autoheal.cluster.k8s_nodes)).
   - A second run finds nothing left to evict and reports no change.
 version_added: 0.1.0
-author: autoheal maintainers
-extends_documentation_fragment:
-  - autoheal.cluster.kube
+author: autoheal maintainers (@autoheal-project)
 options:
-  nodes:
-    description: Node names.
-    type: list
-    elements: str
-    required: true
   timeout:
-    description: Seconds for the whole batch (evictions refused by a PDB are retried until then, and evicted pods waited for).
+    description:
+      - Seconds for the whole batch (evictions refused by a PDB are retried until then, and evicted
+        pods waited for).
     type: float
     default: 120
   grace_period:
@@ -53,9 +45,11 @@ options:
     description: Seconds between retries and checks.
     type: float
     default: 1
-attributes:
-  check_mode:
-    support: full
+extends_documentation_fragment:
+  - autoheal.cluster.attributes
+  - autoheal.cluster.attributes.no_diff
+  - autoheal.cluster.nodes
+  - autoheal.cluster.kube
 """
 
 EXAMPLES = r"""
@@ -94,41 +88,23 @@ missing_nodes:
 """
 
 import time
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.autoheal.cluster.plugins.module_utils.kube import (
     KUBE_COMMON_ARGS,
     Kube,
     KubeError,
+    Obj,
+    sort_results,
 )
-from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import validate_nodes
+from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes
 
 MIRROR = "kubernetes.io/config.mirror"
 
 
-def classify(pod, p):
-    """Return (action, reason): action in evict/ignore/block."""
-    meta = pod.get("metadata") or {}
-    if MIRROR in (meta.get("annotations") or {}):
-        return "ignore", "mirror pod"
-    if meta.get("deletionTimestamp"):
-        return "wait", "terminating"
-    owners = meta.get("ownerReferences") or []
-    phase = (pod.get("status") or {}).get("phase")
-    if phase in ("Succeeded", "Failed"):
-        return "evict", ""
-    if any(o.get("kind") == "DaemonSet" for o in owners):
-        return "ignore", "DaemonSet pod"
-    if not owners and not p["force"]:
-        return "block", "not managed by a controller (use force)"
-    vols = (pod.get("spec") or {}).get("volumes") or []
-    if any("emptyDir" in v for v in vols) and not p["delete_emptydir_data"]:
-        return "block", "uses emptyDir (use delete_emptydir_data)"
-    return "evict", ""
-
-
-def main():
-    argument_spec = dict(
+def argument_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = dict(
         nodes=dict(type="list", elements="str", required=True),
         timeout=dict(type="float", default=120),
         grace_period=dict(type="int"),
@@ -136,90 +112,130 @@ def main():
         delete_emptydir_data=dict(type="bool", default=True),
         poll=dict(type="float", default=1),
     )
-    argument_spec.update(KUBE_COMMON_ARGS)
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    p = module.params
-    names = validate_nodes(module, p["nodes"])
-    kube = Kube(module)
-    deadline = time.time() + p["timeout"]
+    spec.update(KUBE_COMMON_ARGS)
+    return spec
 
-    def evict(pod):
+
+def classify(pod: Obj, p: dict[str, Any]) -> tuple[str, str]:
+    """Return (action, reason): action in evict/ignore/block/wait."""
+    meta = pod.get("metadata") or {}
+    owners = meta.get("ownerReferences") or []
+    vols = (pod.get("spec") or {}).get("volumes") or []
+    if MIRROR in (meta.get("annotations") or {}):
+        return "ignore", "mirror pod"
+    if meta.get("deletionTimestamp"):
+        return "wait", "terminating"
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return "evict", ""
+    if any(o.get("kind") == "DaemonSet" for o in owners):
+        return "ignore", "DaemonSet pod"
+    if not owners and not p["force"]:
+        return "block", "not managed by a controller (use force)"
+    if any("emptyDir" in v for v in vols) and not p["delete_emptydir_data"]:
+        return "block", "uses emptyDir (use delete_emptydir_data)"
+    return "evict", ""
+
+
+class Drain:
+    """The eviction of one node's pods, retried until the deadline (a PDB may say not now)."""
+
+    def __init__(self, module: Any, kube: Kube, name: str, deadline: float) -> None:
+        self.module, self.kube, self.name, self.deadline = module, kube, name, deadline
+        self.p: dict[str, Any] = module.params
+        self.out: dict[str, list[Any]] = dict(evicted=[], not_evicted=[], ignored=[])
+        self.refused: dict[str, str] = {}  # pod key -> the last refusal
+        self.issued: set[str] = set()
+
+    def evict(self, pod: Obj) -> None:
         meta = pod["metadata"]
-        body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"]}}
-        if p["grace_period"] is not None:
-            body["deleteOptions"] = {"gracePeriodSeconds": p["grace_period"]}
-        kube.request("POST", "/api/v1/namespaces/%s/pods/%s/eviction" % (meta["namespace"], meta["name"]), body)
+        body: Obj = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        }
+        if self.p["grace_period"] is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": self.p["grace_period"]}
+        self.kube.request(
+            "POST", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/eviction", body
+        )
 
-    def drain(name):
-        if kube.get_node(name) is None:
-            return dict(missing=True)
-        out = dict(evicted=[], not_evicted=[], ignored=[])
-        refused = {}  # pod key -> last refusal message
-        issued = set()
+    def pending(self) -> list[tuple[str, Obj, str]]:
+        """The pods still to go (key, pod, action); ignored and blocked pods are recorded."""
+        todo = []
+        for pod in self.kube.pods_on(self.name):
+            key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+            action, why = classify(pod, self.p)
+            if action == "ignore" and key not in self.out["ignored"]:
+                self.out["ignored"].append(key)
+            elif action == "block" and not any(x["pod"] == key for x in self.out["not_evicted"]):
+                self.out["not_evicted"].append(dict(pod=key, reason=why))
+            elif action in ("evict", "wait"):
+                todo.append((key, pod, action))
+        return todo
+
+    def issue(self, key: str, pod: Obj) -> None:
+        try:
+            self.evict(pod)
+        except KubeError as exc:
+            if exc.status == 429:  # a PodDisruptionBudget says not now: retry until the deadline
+                self.refused[key] = str(exc.message)
+            elif exc.status != 404:
+                raise
+            return
+        self.issued.add(key)
+        self.out["evicted"].append(key)
+        self.refused.pop(key, None)
+
+    def run(self) -> dict[str, list[Any]] | None:
+        if self.kube.get_node(self.name) is None:
+            return None
         while True:
-            pods = kube.pods_on(name)
-            pending = []
-            for pod in pods:
-                meta = pod["metadata"]
-                key = "%s/%s" % (meta["namespace"], meta["name"])
-                action, why = classify(pod, p)
-                if action == "ignore":
-                    if key not in out["ignored"]:
-                        out["ignored"].append(key)
-                    continue
-                if action == "block":
-                    if not any(x["pod"] == key for x in out["not_evicted"]):
-                        out["not_evicted"].append(dict(pod=key, reason=why))
-                    continue
-                pending.append((key, pod, action))
-            if module.check_mode:
-                out["evicted"] = [k for k, _pod, a in pending if a == "evict"]
-                return out
-            todo = [(k, pod) for k, pod, a in pending if a == "evict" and k not in issued]
-            for key, pod in todo:
-                try:
-                    evict(pod)
-                    issued.add(key)
-                    out["evicted"].append(key)
-                    refused.pop(key, None)
-                except KubeError as exc:
-                    if exc.status == 404:
-                        continue
-                    if exc.status == 429:  # a PodDisruptionBudget says not now: retry until the deadline
-                        refused[key] = exc.message
-                        continue
-                    raise
-            if not pending or time.time() >= deadline:
+            pending = self.pending()
+            if self.module.check_mode:
+                self.out["evicted"] = [k for k, _pod, a in pending if a == "evict"]
+                return self.out
+            for key, pod, action in pending:
+                if action == "evict" and key not in self.issued:
+                    self.issue(key, pod)
+            if not pending or time.time() >= self.deadline:
                 break
-            time.sleep(p["poll"])
+            time.sleep(self.p["poll"])
         for key, _pod, _a in pending:
-            reason = refused.get(key) or "still terminating at the timeout"
-            out["not_evicted"].append(dict(pod=key, reason="%s" % reason))
-        return out
+            self.out["not_evicted"].append(
+                dict(pod=key, reason=self.refused.get(key) or "still terminating at the timeout")
+            )
+        return self.out
 
-    res = kube.map(drain, names)
-    result = dict(changed=False, evicted={}, not_evicted={}, ignored={}, drained_nodes=[], missing_nodes=[],
-                  errors={})
-    for name in names:
-        out, err = res[name]
-        if err:
-            result["errors"][name] = err
-            continue
-        if out.get("missing"):
-            result["missing_nodes"].append(name)
-            continue
-        if out["evicted"]:
-            result["evicted"][name] = out["evicted"]
-            result["changed"] = True
-        if out["ignored"]:
-            result["ignored"][name] = out["ignored"]
-        if out["not_evicted"]:
-            result["not_evicted"][name] = out["not_evicted"]
-        else:
+
+def build_result(names: list[str], res: dict[str, Any]) -> dict[str, Any]:
+    found, missing, errors = sort_results(names, res)
+    result: dict[str, Any] = dict(
+        changed=False,
+        evicted={},
+        not_evicted={},
+        ignored={},
+        drained_nodes=[],
+        missing_nodes=missing,
+        errors=errors,
+    )
+    for name, out in found.items():
+        for key in ("evicted", "ignored", "not_evicted"):
+            if out[key]:
+                result[key][name] = out[key]
+        if not out["not_evicted"]:
             result["drained_nodes"].append(name)
+    result["changed"] = bool(result["evicted"])
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    names = validate_nodes(module, module.params["nodes"])
+    kube = Kube(module)
+    deadline = time.time() + module.params["timeout"]
+    result = build_result(names, kube.map(lambda n: Drain(module, kube, n, deadline).run(), names))
     if result["errors"]:
-        module.fail_json(msg="Kubernetes API errors: %s" % result["errors"], **result)
+        module.fail_json(msg=f"Kubernetes API errors: {result['errors']}", **result)
     module.exit_json(**result)
 
 

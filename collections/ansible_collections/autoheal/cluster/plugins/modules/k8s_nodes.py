@@ -1,11 +1,8 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -22,15 +19,8 @@ description:
     annotation (an administrator's cordon is left alone and reported in RV(skipped_nodes)), unless
     O(cordon_owned_only=false).
 version_added: 0.1.0
-author: autoheal maintainers
-extends_documentation_fragment:
-  - autoheal.cluster.kube
+author: autoheal maintainers (@autoheal-project)
 options:
-  nodes:
-    description: Node names.
-    type: list
-    elements: str
-    required: true
   cordon:
     description: C(true) cordons (unschedulable), C(false) uncordons; omitted leaves it alone.
     type: bool
@@ -80,11 +70,11 @@ options:
     description: Do not fail on nodes that do not exist (they are reported).
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
+extends_documentation_fragment:
+  - autoheal.cluster.attributes
+  - autoheal.cluster.attributes.diff
+  - autoheal.cluster.nodes
+  - autoheal.cluster.kube
 """
 
 EXAMPLES = r"""
@@ -136,37 +126,47 @@ errors:
   type: dict
 """
 
+from typing import Any
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.autoheal.cluster.plugins.module_utils.kube import KUBE_COMMON_ARGS, Kube
-from ansible_collections.autoheal.cluster.plugins.module_utils.kube_nodes import NodesError, apply
-from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import validate_nodes
+from ansible_collections.autoheal.cluster.plugins.module_utils.kube_nodes import (
+    CORDON_OWNER_ANNOTATION,
+    NodesError,
+    apply,
+)
+from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes
+
+EFFECTS = ["NoSchedule", "PreferNoSchedule", "NoExecute"]
+TAINT_OPTIONS = dict(
+    key=dict(type="str", required=True, no_log=False),
+    value=dict(type="str"),
+    effect=dict(type="str", choices=EFFECTS),
+    state=dict(type="str", default="present", choices=["present", "absent"]),
+)
 
 
-def main():
-    argument_spec = dict(
+def argument_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = dict(
         nodes=dict(type="list", elements="str", required=True),
         cordon=dict(type="bool"),
         cordon_owned_only=dict(type="bool", default=True),
-        cordon_owner_annotation=dict(type="str", default="autoheal.io/cordoned-by"),
+        cordon_owner_annotation=dict(type="str", default=CORDON_OWNER_ANNOTATION),
         labels=dict(type="dict", default={}),
         annotations=dict(type="dict", default={}),
         node_annotations=dict(type="dict", default={}),
-        taints=dict(type="list", elements="dict", default=[], options=dict(
-            key=dict(type="str", required=True, no_log=False),
-            value=dict(type="str"),
-            effect=dict(type="str", choices=["NoSchedule", "PreferNoSchedule", "NoExecute"]),
-            state=dict(type="str", default="present", choices=["present", "absent"]),
-        )),
+        taints=dict(type="list", elements="dict", default=[], options=TAINT_OPTIONS),
         allow_missing=dict(type="bool", default=False),
     )
-    argument_spec.update(KUBE_COMMON_ARGS)
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    p = module.params
-    names = validate_nodes(module, p["nodes"])
-    kube = Kube(module)
+    spec.update(KUBE_COMMON_ARGS)
+    return spec
 
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    names = validate_nodes(module, module.params["nodes"])
     try:
-        result = apply(module, kube, names, p)
+        result = apply(module, Kube(module), names, module.params)
     except NodesError as exc:
         module.fail_json(msg=exc.msg, **exc.result)
     module.exit_json(**result)

@@ -1,11 +1,8 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -18,9 +15,7 @@ description:
     the label O(opt_out_label)=O(opt_out_value); RV(opt_out_nodes) lists them with the sources.
   - With O(selector), also lists the nodes matching a label selector (e.g. the spares of a pool).
 version_added: 0.1.0
-author: autoheal maintainers
-extends_documentation_fragment:
-  - autoheal.cluster.kube
+author: autoheal maintainers (@autoheal-project)
 options:
   nodes:
     description: Node names to read.
@@ -42,9 +37,10 @@ options:
     description: Label value that opts out.
     type: str
     default: "true"
-attributes:
-  check_mode:
-    support: full
+extends_documentation_fragment:
+  - autoheal.cluster.attributes
+  - autoheal.cluster.attributes.info
+  - autoheal.cluster.kube
 """
 
 EXAMPLES = r"""
@@ -80,88 +76,104 @@ errors:
   type: dict
 """
 
+from typing import Any
+
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.autoheal.cluster.plugins.module_utils.contract import OPT_OUT_LABEL
 from ansible_collections.autoheal.cluster.plugins.module_utils.kube import (
     KUBE_COMMON_ARGS,
     Kube,
+    KubeError,
+    Obj,
     node_ready,
+    sort_results,
 )
-from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import validate_nodes
+from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes
 
 
-def summarize(node, pods, label, value):
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    rec = dict(
-        exists=True,
-        labels=labels,
-        annotations=meta.get("annotations") or {},
-        taints=(node.get("spec") or {}).get("taints") or [],
-        unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
-        ready=node_ready(node),
-        pods=[],
-        opt_out=False,
-        opt_out_sources=[],
-    )
-    if labels.get(label) == value:
-        rec["opt_out_sources"].append("node label %s=%s" % (label, value))
-    for pod in pods or []:
-        pm = pod.get("metadata") or {}
-        owners = pm.get("ownerReferences") or []
-        phase = (pod.get("status") or {}).get("phase")
-        rec["pods"].append(dict(namespace=pm.get("namespace"), name=pm.get("name"), phase=phase,
-                                owner_kind=owners[0].get("kind") if owners else None))
-        if (pm.get("labels") or {}).get(label) == value and phase not in ("Succeeded", "Failed"):
-            rec["opt_out_sources"].append("pod %s/%s" % (pm.get("namespace"), pm.get("name")))
-    rec["opt_out"] = bool(rec["opt_out_sources"])
-    return rec
-
-
-def main():
-    argument_spec = dict(
+def argument_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = dict(
         nodes=dict(type="list", elements="str", default=[]),
         selector=dict(type="str"),
         with_pods=dict(type="bool", default=True),
-        opt_out_label=dict(type="str", default="autoheal.io/opt-out"),
+        opt_out_label=dict(type="str", default=OPT_OUT_LABEL),
         opt_out_value=dict(type="str", default="true"),
     )
-    argument_spec.update(KUBE_COMMON_ARGS)
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    p = module.params
-    names = validate_nodes(module, p["nodes"])
-    kube = Kube(module)
+    spec.update(KUBE_COMMON_ARGS)
+    return spec
 
-    def read(name):
+
+def pod_record(pod: Obj) -> dict[str, Any]:
+    meta = pod.get("metadata") or {}
+    owners = meta.get("ownerReferences") or []
+    return dict(
+        namespace=meta.get("namespace"),
+        name=meta.get("name"),
+        phase=(pod.get("status") or {}).get("phase"),
+        owner_kind=owners[0].get("kind") if owners else None,
+        labels=meta.get("labels") or {},
+    )
+
+
+def summarize(node: Obj, pods: list[Obj], label: str, value: str) -> dict[str, Any]:
+    """The node's record; it is opted out when it, or a live pod on it, carries label=value."""
+    meta = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    labels = meta.get("labels") or {}
+    records = [pod_record(p) for p in pods or []]
+    sources = [f"node label {label}={value}"] if labels.get(label) == value else []
+    sources += [
+        f"pod {r['namespace']}/{r['name']}"
+        for r in records
+        if r["labels"].get(label) == value and r["phase"] not in ("Succeeded", "Failed")
+    ]
+    return dict(
+        exists=True,
+        labels=labels,
+        annotations=meta.get("annotations") or {},
+        taints=spec.get("taints") or [],
+        unschedulable=bool(spec.get("unschedulable")),
+        ready=node_ready(node),
+        pods=[{k: v for k, v in r.items() if k != "labels"} for r in records],
+        opt_out=bool(sources),
+        opt_out_sources=sources,
+    )
+
+
+def read_nodes(kube: Kube, names: list[str], p: dict[str, Any]) -> dict[str, Any]:
+    def read(name: str) -> dict[str, Any] | None:
         node = kube.get_node(name)
         if node is None:
             return None
         pods = kube.pods_on(name) if p["with_pods"] else []
         return summarize(node, pods, p["opt_out_label"], p["opt_out_value"])
 
-    res = kube.map(read, names)
-    result = dict(changed=False, nodes={}, missing_nodes=[], opt_out_nodes={}, errors={})
-    for name in names:
-        rec, err = res[name]
-        if err:
-            result["errors"][name] = err
-        elif rec is None:
-            result["missing_nodes"].append(name)
-            result["nodes"][name] = dict(exists=False)
-        else:
-            result["nodes"][name] = rec
-            if rec["opt_out"]:
-                result["opt_out_nodes"][name] = rec["opt_out_sources"]
+    found, missing, errors = sort_results(names, kube.map(read, names))
+    return dict(
+        changed=False,
+        nodes={n: found.get(n, dict(exists=False)) for n in names if n not in errors},
+        missing_nodes=missing,
+        opt_out_nodes={n: rec["opt_out_sources"] for n, rec in found.items() if rec["opt_out"]},
+        errors=errors,
+    )
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    p = module.params
+    kube = Kube(module)
+    result = read_nodes(kube, validate_nodes(module, p["nodes"]), p)
     if p["selector"]:
         try:
             listed = kube.request("GET", "/api/v1/nodes", query={"labelSelector": p["selector"]})
-        except Exception as exc:
-            module.fail_json(msg="listing nodes failed: %s" % exc, **result)
-        result["selected"] = {}
-        for node in listed.get("items") or []:
-            name = node["metadata"]["name"]
-            result["selected"][name] = summarize(node, [], p["opt_out_label"], p["opt_out_value"])
+        except KubeError as exc:
+            module.fail_json(msg=f"listing nodes failed: {exc}", **result)
+        result["selected"] = {
+            node["metadata"]["name"]: summarize(node, [], p["opt_out_label"], p["opt_out_value"])
+            for node in listed.get("items") or []
+        }
     if result["errors"]:
-        module.fail_json(msg="Kubernetes API errors: %s" % result["errors"], **result)
+        module.fail_json(msg=f"Kubernetes API errors: {result['errors']}", **result)
     module.exit_json(**result)
 
 

@@ -1,11 +1,8 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -16,7 +13,7 @@ description:
     simple forms used by GPU pools (C(prefix[1-3,7]), zero padding, several bracket groups).
   - Every resulting name is validated against the node name grammar.
 version_added: 0.1.0
-author: autoheal maintainers
+author: autoheal maintainers (@autoheal-project)
 options:
   hostlist:
     description: A hostlist to expand, e.g. C(gpu-[1-4,9]).
@@ -25,9 +22,9 @@ options:
     description: Node names to compress.
     type: list
     elements: str
-attributes:
-  check_mode:
-    support: full
+extends_documentation_fragment:
+  - autoheal.cluster.attributes
+  - autoheal.cluster.attributes.info
 """
 
 EXAMPLES = r"""
@@ -50,27 +47,26 @@ hostlist:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import (
+from ansible_collections.autoheal.cluster.plugins.module_utils.hostlist import (
     compress_hostlist,
     expand_hostlist,
-    validate_nodes,
 )
+from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(hostlist=dict(type="str"), names=dict(type="list", elements="str")),
         required_one_of=[("hostlist", "names")],
         mutually_exclusive=[("hostlist", "names")],
         supports_check_mode=True,
     )
+    names = module.params["names"]
     if module.params["hostlist"] is not None:
         try:
             names = expand_hostlist(module.params["hostlist"])
         except ValueError as exc:
             module.fail_json(msg=str(exc))
-    else:
-        names = module.params["names"]
     names = validate_nodes(module, names)
     module.exit_json(changed=False, names=names, hostlist=compress_hostlist(names))
 

@@ -1,11 +1,8 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -14,7 +11,8 @@ short_description: List, signal and requeue the Slurm jobs running on a batch of
 description:
   - Finds the jobs running on any of O(nodes) (a multi-node job is handled once, on all its nodes).
   - With O(action=evacuate) it sends O(signal) (SIGTERM) to every process of those jobs in one
-    C(scancel --signal=TERM) call (job steps; the batch shell of jobs that run no step), waits up to O(grace_seconds) for them to end (a job that
+    C(scancel --signal=TERM) call (job steps; the batch shell of jobs that run no step), waits up
+    to O(grace_seconds) for them to end (a job that
     traps SIGTERM writes its checkpoint and exits), then requeues the batch jobs that allow it with
     one C(scontrol requeue) call. Jobs that do not allow requeue (C(--no-requeue), or interactive
     jobs) are signalled and reported in RV(not_requeued); they are never requeued.
@@ -31,15 +29,8 @@ description:
     22.05 and C(job_resources.nodes.allocation[].name) in 24.x as fall-backs; 22.05 ignores C(-w)
     with C(--json), so the module filters by node itself.
 version_added: 0.1.0
-author: autoheal maintainers
-extends_documentation_fragment:
-  - autoheal.cluster.slurm
+author: autoheal maintainers (@autoheal-project)
 options:
-  nodes:
-    description: Slurm node names whose jobs are wanted.
-    type: list
-    elements: str
-    required: true
   action:
     description:
       - C(list) only reads; C(signal) signals and returns at once; C(evacuate) signals, waits for the
@@ -73,11 +64,11 @@ notes:
   - A job that finishes on its own between the listing and the signal is still requeued if it
     allows requeue (Slurm cannot tell the two apart); batch scripts should make a restart after
     completion harmless (a checkpoint that says "done").
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - autoheal.cluster.attributes
+  - autoheal.cluster.attributes.no_diff
+  - autoheal.cluster.nodes
+  - autoheal.cluster.slurm
 """
 
 EXAMPLES = r"""
@@ -151,37 +142,19 @@ commands:
 """
 
 import time
+from typing import Any, Iterable
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import (
-    SLURM_COMMON_ARGS,
-    Slurm,
-    validate_nodes,
-)
+from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import SLURM_COMMON_ARGS, Job, Slurm
+from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes
 
 ACTIVE = ("RUNNING", "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT")
-ENDING = ACTIVE + ("COMPLETING",)
+ENDING = (*ACTIVE, "COMPLETING")
 REQUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
 
 
-def by_id(jobs):
-    return dict((j["job_id"], j) for j in jobs)
-
-
-def jobs_with_steps(slurm, ids):
-    """Job ids among `ids` that run at least one job step besides the batch script and extern."""
-    rc, out, _ = slurm.run(["squeue", "--noheader", "--steps", "--format=%i",
-                            "--jobs=" + ",".join(str(i) for i in ids)], check_rc=False)
-    found = set()
-    for line in (out or "").split() if rc == 0 else []:
-        job, _, step = line.partition(".")
-        if step.isdigit() and job.isdigit():
-            found.add(int(job))
-    return found
-
-
-def main():
-    argument_spec = dict(
+def argument_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = dict(
         nodes=dict(type="list", elements="str", required=True),
         action=dict(type="str", default="evacuate", choices=["list", "signal", "evacuate"]),
         signal=dict(type="str", default="TERM", choices=["TERM", "INT", "USR1", "USR2", "CONT"]),
@@ -190,69 +163,80 @@ def main():
         requeue=dict(type="bool", default=True),
         requeue_after_grace=dict(type="bool", default=True),
     )
-    argument_spec.update(SLURM_COMMON_ARGS)
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    p = module.params
-    nodes = set(validate_nodes(module, p["nodes"]))
-    if p["grace_seconds"] < 0:
-        module.fail_json(msg="grace_seconds must be >= 0")
+    spec.update(SLURM_COMMON_ARGS)
+    return spec
 
-    slurm = Slurm(module)
-    found = [j for j in slurm.jobs() if j["state"] in ACTIVE and nodes.intersection(j["nodes"])]
-    found.sort(key=lambda j: j["job_id"])
-    records = []
-    for j in found:
-        records.append(dict(
-            job_id=j["job_id"], name=j["name"], user=j["user"], nodes=j["nodes"],
-            state_before=j["state"], state_after=j["state"],
-            requeueable=bool(j["requeue"] and j["batch"]), batch=j["batch"],
-            restart_count=j["restart_count"], signalled=False, ended_in_grace=False, requeued=False,
-        ))
-    result = dict(changed=False, jobs=records, job_ids=[r["job_id"] for r in records],
-                  signalled_job_ids=[], requeued_job_ids=[], not_requeued=[],
-                  still_running_job_ids=[], waited_seconds=0.0, signalled_at=None,
-                  commands=slurm.commands)
 
-    if p["action"] == "list" or not records:
-        module.exit_json(**result)
+def by_id(jobs: Iterable[Job]) -> dict[int, Job]:
+    return {j["job_id"]: j for j in jobs}
 
-    ids = [r["job_id"] for r in records]
-    result["changed"] = True
-    result["signalled_job_ids"] = ids
-    do_requeue = p["action"] == "evacuate" and p["requeue"]
-    for r in records:
-        r["signalled"] = True
-        if do_requeue and not r["requeueable"]:
-            why = "job does not allow requeue" if r["batch"] else "not a batch job"
-            result["not_requeued"].append(dict(job_id=r["job_id"], name=r["name"], reason=why))
-    if module.check_mode:
-        if do_requeue:
-            result["requeued_job_ids"] = [r["job_id"] for r in records if r["requeueable"]]
-        module.exit_json(**result)
 
-    # Who gets the signal: the tasks of a job's steps (the training processes srun started), or,
-    # for a job that runs no step, its batch shell. Never both with --full: that signals srun
-    # itself, which answers SIGTERM by killing its tasks at once ("forcing job termination"), so
-    # they never get to checkpoint. One scancel call per group, for the whole batch; a job that
-    # ended meanwhile makes scancel complain, which is not fatal.
+def find_jobs(slurm: Slurm, nodes: set[str]) -> list[dict[str, Any]]:
+    """A record per active job on any of `nodes` (a multi-node job once), by job id."""
+    found = sorted(
+        (j for j in slurm.jobs() if j["state"] in ACTIVE and nodes.intersection(j["nodes"])),
+        key=lambda j: j["job_id"],
+    )
+    return [
+        dict(
+            job_id=j["job_id"],
+            name=j["name"],
+            user=j["user"],
+            nodes=j["nodes"],
+            state_before=j["state"],
+            state_after=j["state"],
+            requeueable=bool(j["requeue"] and j["batch"]),
+            batch=j["batch"],
+            restart_count=j["restart_count"],
+            signalled=False,
+            ended_in_grace=False,
+            requeued=False,
+        )
+        for j in found
+    ]
+
+
+def jobs_with_steps(slurm: Slurm, ids: list[int]) -> set[int]:
+    """Job ids among `ids` that run at least one job step besides the batch script and extern."""
+    rc, out, _err = slurm.run(
+        ["squeue", "--noheader", "--steps", "--format=%i", "--jobs=" + ",".join(str(i) for i in ids)],
+        check_rc=False,
+    )
+    found = set()
+    for line in (out or "").split() if rc == 0 else []:
+        job, _dot, step = line.partition(".")
+        if step.isdigit() and job.isdigit():
+            found.add(int(job))
+    return found
+
+
+def signal(slurm: Slurm, ids: list[int], sig: str, result: dict[str, Any]) -> None:
+    """Signal the jobs, one scancel call per group for the whole batch.
+
+    Who gets the signal: the tasks of a job's steps (the training processes srun started), or,
+    for a job that runs no step, its batch shell. Never both with --full: that signals srun
+    itself, which answers SIGTERM by killing its tasks at once ("forcing job termination"), so
+    they never get to checkpoint. A job that ended meanwhile makes scancel complain, which is not
+    fatal."""
     with_steps = jobs_with_steps(slurm, ids)
-    groups = [([i for i in ids if i in with_steps], []),
-              ([i for i in ids if i not in with_steps], ["--batch"])]
+    groups = [
+        ([i for i in ids if i in with_steps], []),
+        ([i for i in ids if i not in with_steps], ["--batch"]),
+    ]
     result["signalled_at"] = time.time()
     errors = []
     for group, flags in groups:
-        if not group:
-            continue
-        rc, out, err = slurm.run(["scancel", "--signal=%s" % p["signal"]] + flags
-                                 + [str(i) for i in group], check_rc=False)
-        if rc != 0:
-            errors.append((err or out).strip())
+        if group:
+            rc, out, err = slurm.run(["scancel", f"--signal={sig}", *flags, *map(str, group)], check_rc=False)
+            if rc != 0:
+                errors.append((err or out).strip())
     if errors:
         result["signal_stderr"] = "; ".join(errors)
-    if p["action"] == "signal":
-        module.exit_json(**result)
 
-    # Wait for the jobs to end (checkpoint + exit) or the grace period to pass.
+
+def wait_for_end(slurm: Slurm, ids: list[int], p: dict[str, Any], result: dict[str, Any]) -> list[int]:
+    """Wait for the jobs to end (checkpoint + exit) or the grace period to pass; record each
+    job's state; return the ids still running."""
     deadline = result["signalled_at"] + p["grace_seconds"]
     while True:
         now = by_id(slurm.jobs())
@@ -261,47 +245,108 @@ def main():
             break
         time.sleep(min(p["poll_interval"], max(0.05, deadline - time.time())))
     result["waited_seconds"] = round(time.time() - result["signalled_at"], 3)
-    for r in records:
+    for r in result["jobs"]:
         cur = now.get(r["job_id"])
         r["state_after"] = cur["state"] if cur else "GONE"
         r["ended_in_grace"] = r["job_id"] not in running
     result["still_running_job_ids"] = running
+    return running
 
-    if do_requeue:
-        todo = []
-        for r in records:
-            if not r["requeueable"]:
-                continue
-            if r["state_after"] in REQUEUED:  # Slurm requeued it already
-                r["requeued"] = True
-                continue
-            if r["job_id"] in running and not p["requeue_after_grace"]:
-                result["not_requeued"].append(dict(job_id=r["job_id"], name=r["name"],
-                                                   reason="still running after the grace period"))
-                continue
+
+def to_requeue(
+    records: list[dict[str, Any]], running: list[int], p: dict[str, Any], result: dict[str, Any]
+) -> list[int]:
+    """The ids to requeue; a job Slurm requeued itself counts as requeued."""
+    todo = []
+    for r in records:
+        if not r["requeueable"]:
+            continue
+        if r["state_after"] in REQUEUED:
+            r["requeued"] = True
+        elif r["job_id"] in running and not p["requeue_after_grace"]:
+            result["not_requeued"].append(
+                dict(job_id=r["job_id"], name=r["name"], reason="still running after the grace period")
+            )
+        else:
             todo.append(r["job_id"])
-        failed = {}
-        if todo:
-            rc, out, err = slurm.run(["scontrol", "requeue", ",".join(str(i) for i in todo)],
-                                     check_rc=False)
-            if rc != 0:  # find out which ones, one by one
-                for i in todo:
-                    rc1, out1, err1 = slurm.run(["scontrol", "requeue", str(i)], check_rc=False)
-                    if rc1 != 0:
-                        failed[i] = (err1 or out1).strip()
-        after = by_id(slurm.jobs())
-        for r in records:
-            if r["job_id"] in todo:
-                cur = after.get(r["job_id"])
-                r["state_after"] = cur["state"] if cur else "GONE"
-                if r["job_id"] in failed:
-                    result["not_requeued"].append(dict(job_id=r["job_id"], name=r["name"],
-                                                       reason="requeue failed: %s" % failed[r["job_id"]]))
-                else:
-                    r["requeued"] = True
-        result["requeued_job_ids"] = [r["job_id"] for r in records if r["requeued"]]
+    return todo
+
+
+def requeue(slurm: Slurm, todo: list[int], result: dict[str, Any]) -> dict[int, str]:
+    """One scontrol call for the batch; when it fails, one call per job to learn which.
+    Returns {job id: error} of those that could not be requeued."""
+    failed: dict[int, str] = {}
+    if todo:
+        rc, _out, _err = slurm.run(["scontrol", "requeue", ",".join(map(str, todo))], check_rc=False)
+        for i in todo if rc != 0 else []:
+            rc1, out1, err1 = slurm.run(["scontrol", "requeue", str(i)], check_rc=False)
+            if rc1 != 0:
+                failed[i] = (err1 or out1).strip()
+    after = by_id(slurm.jobs())
+    for r in result["jobs"]:
+        if r["job_id"] not in todo:
+            continue
+        cur = after.get(r["job_id"])
+        r["state_after"] = cur["state"] if cur else "GONE"
+        if r["job_id"] in failed:
+            reason = f"requeue failed: {failed[r['job_id']]}"
+            result["not_requeued"].append(dict(job_id=r["job_id"], name=r["name"], reason=reason))
+        else:
+            r["requeued"] = True
+    result["requeued_job_ids"] = [r["job_id"] for r in result["jobs"] if r["requeued"]]
+    return failed
+
+
+def new_result(slurm: Slurm, records: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(
+        changed=False,
+        jobs=records,
+        job_ids=[r["job_id"] for r in records],
+        signalled_job_ids=[],
+        requeued_job_ids=[],
+        not_requeued=[],
+        still_running_job_ids=[],
+        waited_seconds=0.0,
+        signalled_at=None,
+        commands=slurm.commands,
+    )
+
+
+def plan_signal(result: dict[str, Any], do_requeue: bool) -> None:
+    """Mark every job signalled; report those that do not allow requeue (never requeued)."""
+    result.update(changed=True, signalled_job_ids=list(result["job_ids"]))
+    for r in result["jobs"]:
+        r["signalled"] = True
+        if do_requeue and not r["requeueable"]:
+            why = "job does not allow requeue" if r["batch"] else "not a batch job"
+            result["not_requeued"].append(dict(job_id=r["job_id"], name=r["name"], reason=why))
+    if do_requeue:
+        result["requeued_job_ids"] = [r["job_id"] for r in result["jobs"] if r["requeueable"]]
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    p = module.params
+    nodes = set(validate_nodes(module, p["nodes"]))
+    if p["grace_seconds"] < 0:
+        module.fail_json(msg="grace_seconds must be >= 0")
+    slurm = Slurm(module)
+    result = new_result(slurm, find_jobs(slurm, nodes))
+    if p["action"] == "list" or not result["jobs"]:
+        module.exit_json(**result)
+    do_requeue = p["action"] == "evacuate" and p["requeue"]
+    plan_signal(result, do_requeue)  # what check mode reports: would signal, would requeue
+    if module.check_mode:
+        module.exit_json(**result)
+    result["requeued_job_ids"] = []
+    signal(slurm, result["job_ids"], p["signal"], result)
+    if p["action"] == "signal":
+        module.exit_json(**result)
+    running = wait_for_end(slurm, result["job_ids"], p, result)
+    if do_requeue:
+        failed = requeue(slurm, to_requeue(result["jobs"], running, p, result), result)
         if failed:
-            module.fail_json(msg="requeue failed for jobs %s" % sorted(failed), **result)
+            module.fail_json(msg=f"requeue failed for jobs {sorted(failed)}", **result)
     module.exit_json(**result)
 
 

@@ -1,11 +1,8 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -23,15 +20,8 @@ description:
   - Reads state with C(sinfo --json) (Slurm 22.05 openapi/v0.0.38 and newer layouts), so it reports
     C(changed) only when it sends an update, and verifies the new state afterwards.
 version_added: 0.1.0
-author: autoheal maintainers
-extends_documentation_fragment:
-  - autoheal.cluster.slurm
+author: autoheal maintainers (@autoheal-project)
 options:
-  nodes:
-    description: Slurm node names (validated against the Kubernetes/Slurm node name grammar).
-    type: list
-    elements: str
-    required: true
   state:
     description:
       - Wanted state. C(keep) leaves the state alone and only manages O(comment).
@@ -78,11 +68,11 @@ options:
 notes:
   - Check mode reports what would change and runs only read-only commands.
   - Supports diff mode (per node state, flags and reason before and after).
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
+extends_documentation_fragment:
+  - autoheal.cluster.attributes
+  - autoheal.cluster.attributes.diff
+  - autoheal.cluster.nodes
+  - autoheal.cluster.slurm
 """
 
 EXAMPLES = r"""
@@ -154,24 +144,25 @@ commands:
   type: list
 """
 
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import (
     DEFAULT_PREFIX,
     SLURM_COMMON_ARGS,
     Slurm,
-    validate_nodes,
-    validate_text,
 )
 from ansible_collections.autoheal.cluster.plugins.module_utils.slurm_state import (
     StateError,
+    Want,
     build_reasons,
     set_state,
 )
+from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes, validate_text
 
 
-def main():
-    argument_spec = dict(
+def argument_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = dict(
         nodes=dict(type="list", elements="str", required=True),
         state=dict(type="str", required=True, choices=["drain", "down", "resume", "keep"]),
         reason=dict(type="str"),
@@ -182,29 +173,45 @@ def main():
         allow_missing=dict(type="bool", default=False),
         verify_seconds=dict(type="float", default=10),
     )
-    argument_spec.update(SLURM_COMMON_ARGS)
-    module = AnsibleModule(
-        argument_spec=argument_spec,
-        supports_check_mode=True,
-        required_if=[("state", "drain", ["reason", "reasons"], True),
-                     ("state", "down", ["reason", "reasons"], True)],
-    )
+    spec.update(SLURM_COMMON_ARGS)
+    return spec
+
+
+def wanted(module: Any, nodes: list[str]) -> Want:
+    """The checked target: state, reasons (ours, prefixed), comment."""
     p = module.params
-    nodes = validate_nodes(module, p["nodes"])
-    prefix = p["reason_prefix"]
+    reason, per_node = build_reasons(module, p["reason_prefix"], p["reason"], p["reasons"])
+    if p["state"] in ("drain", "down"):
+        missing_reason = [n for n in nodes if per_node.get(n, reason) is None]
+        if missing_reason:
+            module.fail_json(msg="no reason for: " + ", ".join(missing_reason))
+    if p["comment"]:
+        validate_text(module, p["comment"], "comment")
+    return Want(
+        p["state"],
+        reason,
+        per_node,
+        p["reason_prefix"],
+        only_reason=p["only_reason"],
+        comment=p["comment"],
+        allow_missing=p["allow_missing"],
+        verify_seconds=p["verify_seconds"],
+    )
 
-    reason, per_node = build_reasons(module, prefix, p["reason"], p["reasons"])
-    missing_reason = [n for n in nodes if p["state"] in ("drain", "down") and per_node.get(n, reason) is None]
-    if missing_reason:
-        module.fail_json(msg="no reason for: %s" % ", ".join(missing_reason))
-    comment = p["comment"]
-    if comment:
-        validate_text(module, comment, "comment")
 
-    slurm = Slurm(module)
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=argument_spec(),
+        supports_check_mode=True,
+        required_if=[
+            ("state", "drain", ["reason", "reasons"], True),
+            ("state", "down", ["reason", "reasons"], True),
+        ],
+    )
+    nodes = validate_nodes(module, module.params["nodes"])
+    want = wanted(module, nodes)
     try:
-        result = set_state(module, slurm, nodes, p["state"], reason, per_node, prefix, p["only_reason"],
-                           comment, p["allow_missing"], p["verify_seconds"])
+        result = set_state(module, Slurm(module), nodes, want)
     except StateError as exc:
         module.fail_json(msg=exc.msg, **exc.result)
     module.exit_json(**result)

@@ -1,11 +1,8 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -14,13 +11,11 @@ short_description: Read the state of Slurm nodes (22.05 and newer JSON layouts)
 description:
   - Runs C(sinfo --json) once and returns every node (or the requested ones) with a normalised
     record - base C(state) (lower case), C(flags), C(reason), C(comment), C(features),
-    C(partitions), and booleans C(drained), C(down), C(responding), C(owned) (reason empty or ours)
-    and C(pool) (from a C(pool_<name>) feature).
+    C(partitions), booleans C(drained), C(down), C(responding), C(owned) (reason empty or ours)
+    and C(comment_owned) (a comment autoheal set), and C(pool) (from a C(pool_<name>) feature).
   - See the M(autoheal.cluster.slurm_jobs) documentation for the JSON differences between releases.
 version_added: 0.1.0
-author: autoheal maintainers
-extends_documentation_fragment:
-  - autoheal.cluster.slurm
+author: autoheal maintainers (@autoheal-project)
 options:
   nodes:
     description: Node names to return; all nodes when omitted. Unknown names go to RV(missing_nodes).
@@ -30,9 +25,10 @@ options:
     description: Prefix that marks a reason as ours.
     type: str
     default: "autoheal: "
-attributes:
-  check_mode:
-    support: full
+extends_documentation_fragment:
+  - autoheal.cluster.attributes
+  - autoheal.cluster.attributes.info
+  - autoheal.cluster.slurm
 """
 
 EXAMPLES = r"""
@@ -55,37 +51,39 @@ missing_nodes:
   elements: str
 """
 
+from typing import Any
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import (
     DEFAULT_PREFIX,
     SLURM_COMMON_ARGS,
     Slurm,
-    validate_nodes,
 )
+from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes
 
 
-def main():
-    argument_spec = dict(
+def argument_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = dict(
         nodes=dict(type="list", elements="str"),
         reason_prefix=dict(type="str", default=DEFAULT_PREFIX),
     )
-    argument_spec.update(SLURM_COMMON_ARGS)
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    spec.update(SLURM_COMMON_ARGS)
+    return spec
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     wanted = module.params["nodes"]
     if wanted is not None:
         wanted = validate_nodes(module, wanted)
     prefix = module.params["reason_prefix"].rstrip()
-    allnodes = Slurm(module).nodes(wanted)
-    out = {}
-    for name, rec in allnodes.items():
-        if wanted is not None and name not in wanted:
-            continue
+    found = Slurm(module).nodes(wanted)
+    for rec in found.values():
         rec["owned"] = rec["reason"] == "" or rec["reason"].startswith(prefix)
-        pools = [f[5:] for f in rec["features"] if f.startswith("pool_")]
-        rec["pool"] = pools[0] if pools else None
-        out[name] = rec
-    missing = [n for n in (wanted or []) if n not in allnodes]
-    module.exit_json(changed=False, nodes=out, missing_nodes=missing)
+        rec["comment_owned"] = rec["comment"].startswith(prefix)
+        rec["pool"] = next((f[5:] for f in rec["features"] if f.startswith("pool_")), None)
+    missing = [n for n in (wanted or []) if n not in found]
+    module.exit_json(changed=False, nodes=found, missing_nodes=missing)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,8 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: autoheal maintainers
 # Apache License 2.0 (see LICENSE)
 
-from __future__ import absolute_import, division, print_function
-
-__metaclass__ = type
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -30,15 +27,8 @@ description:
     held until the module exits (released by the kernel if it dies). Runs on other hosts are not
     covered - one runner per cluster.
 version_added: 0.1.0
-author: autoheal maintainers
-extends_documentation_fragment:
-  - autoheal.cluster.slurm
+author: autoheal maintainers (@autoheal-project)
 options:
-  nodes:
-    description: Failed node names.
-    type: list
-    elements: str
-    required: true
   incident_ids:
     description: Incident ids parallel to O(nodes), written into the spare's comment.
     type: list
@@ -73,11 +63,11 @@ options:
     description: Seconds to wait for the lock before failing.
     type: int
     default: 120
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
+extends_documentation_fragment:
+  - autoheal.cluster.attributes
+  - autoheal.cluster.attributes.diff
+  - autoheal.cluster.nodes
+  - autoheal.cluster.slurm
 """
 
 EXAMPLES = r"""
@@ -114,6 +104,11 @@ free_spares:
   description: Spares still free after this run, per pool.
   returned: always
   type: dict
+replaces:
+  description: "Every assigned spare and the failed node it stands in for, C({spare: node})."
+  returned: always
+  type: dict
+  sample: {gpu-5: gpu-3}
 """
 
 import fcntl
@@ -123,163 +118,220 @@ import re
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.autoheal.cluster.plugins.module_utils.contract import SPARE_REASON
+from ansible_collections.autoheal.cluster.plugins.module_utils.hostlist import compress_hostlist
 from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import (
+    DEFAULT_PREFIX,
     SLURM_COMMON_ARGS,
+    Node,
     Slurm,
-    compress_hostlist,
-    validate_nodes,
-    validate_text,
 )
+from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes, validate_text
+
+COMMENT_PREFIX = DEFAULT_PREFIX + "replaces "
+_HELD: list[IO[str]] = []  # the lock's file stays open (locked) until the module's process exits
 
 
-def natural(name):
+def argument_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = dict(
+        nodes=dict(type="list", elements="str", required=True),
+        incident_ids=dict(type="list", elements="str", default=[]),
+        pool=dict(type="str"),
+        candidates=dict(type="list", elements="str"),
+        spare_reason=dict(type="str", default=SPARE_REASON),
+        comment_prefix=dict(type="str", default=COMMENT_PREFIX),
+        state=dict(type="str", default="promoted", choices=["promoted", "query"]),
+        lock_file=dict(type="path"),
+        lock_timeout=dict(type="int", default=120),
+    )
+    spec.update(SLURM_COMMON_ARGS)
+    return spec
+
+
+def natural(name: str) -> list[int | str]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
-def pool_of(rec):
-    for f in rec["features"]:
-        if f.startswith("pool_"):
-            return f[5:]
-    return None
+def pool_of(rec: Node) -> str | None:
+    return next((f[5:] for f in rec["features"] if f.startswith("pool_")), None)
 
 
-_HELD = []  # the lock's file stays open (locked) until the module's process exits
-
-
-def take_lock(module, path, timeout):
+def take_lock(module: Any, path: str, timeout: int) -> None:
     """Hold an exclusive flock on `path` until the process exits; fail after `timeout` seconds."""
-    fh = open(path, "a")
+    fh = open(path, "a")  # noqa: SIM115 - kept open on purpose: closing it would release the lock
     deadline = time.time() + timeout
     while True:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             _HELD.append(fh)
             return
-        except (BlockingIOError, OSError):
+        except OSError:
             if time.time() >= deadline:
-                module.fail_json(msg="another run holds the spare lock %s (waited %ss)" % (path, timeout))
+                module.fail_json(msg=f"another run holds the spare lock {path} (waited {timeout}s)")
             time.sleep(0.05)
 
 
-def default_lock(slurm_conf):
-    key = hashlib.sha1((slurm_conf or os.environ.get("SLURM_CONF") or "default").encode()).hexdigest()[:12]
-    return os.path.join(tempfile.gettempdir(), "autoheal-spares-%s.lock" % key)
+def default_lock(slurm_conf: str | None) -> str:
+    key = hashlib.sha256((slurm_conf or os.environ.get("SLURM_CONF") or "default").encode()).hexdigest()[:12]
+    return os.path.join(tempfile.gettempdir(), f"autoheal-spares-{key}.lock")
 
 
-def main():
-    argument_spec = dict(
-        nodes=dict(type="list", elements="str", required=True),
-        incident_ids=dict(type="list", elements="str", default=[]),
-        pool=dict(type="str"),
-        candidates=dict(type="list", elements="str"),
-        spare_reason=dict(type="str", default="autoheal: hot spare"),
-        comment_prefix=dict(type="str", default="autoheal: replaces "),
-        state=dict(type="str", default="promoted", choices=["promoted", "query"]),
-        lock_file=dict(type="path"),
-        lock_timeout=dict(type="int", default=120),
-    )
-    argument_spec.update(SLURM_COMMON_ARGS)
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    p = module.params
-    failed = validate_nodes(module, p["nodes"])
-    incidents = list(p["incident_ids"])
-    for i in incidents:
-        validate_text(module, i, "incident_ids")
-    candidates = validate_nodes(module, p["candidates"], "candidates") if p["candidates"] is not None else None
-    prefix = p["comment_prefix"]
+class Picker:
+    """Which spare each failed node gets. The node comment records a promotion, so a rerun finds
+    the spare it picked before and promotes nothing new."""
 
-    slurm = Slurm(module)
-    if p["state"] == "promoted" and not module.check_mode:
-        take_lock(module, p["lock_file"] or default_lock(p["slurm_conf"]), p["lock_timeout"])
-    allnodes = slurm.nodes()
+    def __init__(self, allnodes: dict[str, Node], p: dict[str, Any], candidates: list[str] | None) -> None:
+        self.allnodes = allnodes
+        self.p = p
+        self.candidates = candidates
+        self.to_mark: list[tuple[str, str]] = []  # (spare, comment)
+        self.to_resume: list[str] = []
 
-    def marker(bad, incident):
-        return (prefix + bad + " " + incident).strip()
+    def marker(self, bad: str, incident: str) -> str:
+        return f"{self.p['comment_prefix']}{bad} {incident}".strip()
 
-    def is_marked_for(rec, bad, incident):
+    def is_marked_for(self, rec: Node, bad: str, incident: str) -> bool:
         # With an incident id only a promotion for that incident counts: a node that fails again
         # later (a new incident) gets a new spare.
         c = rec["comment"]
         if incident:
-            return c == marker(bad, incident)
-        return c == marker(bad, "") or c.startswith(marker(bad, "") + " ")
+            return bool(c == self.marker(bad, incident))
+        return bool(c == self.marker(bad, "") or c.startswith(self.marker(bad, "") + " "))
 
-    def is_free_spare(rec):
-        return (rec["drained"] and not rec["down"] and rec["responding"]
-                and rec["reason"] == p["spare_reason"] and not rec["comment"].startswith(prefix)
-                and (candidates is None or rec["name"] in candidates))
+    def is_free_spare(self, rec: Node) -> bool:
+        return bool(
+            rec["drained"]
+            and not rec["down"]
+            and rec["responding"]
+            and rec["reason"] == self.p["spare_reason"]
+            and not rec["comment"].startswith(self.p["comment_prefix"])
+            and (self.candidates is None or rec["name"] in self.candidates)
+        )
 
-    free = sorted((n for n, r in allnodes.items() if is_free_spare(r) and n not in failed), key=natural)
-    promotions, to_mark, to_resume = [], [], []
-    for idx, bad in enumerate(failed):
-        incident = incidents[idx] if idx < len(incidents) else ""
-        rec = allnodes.get(bad)
-        pool = p["pool"] or (pool_of(rec) if rec else None)
-        entry = dict(node=bad, incident=incident, pool=pool, spare=None, status="none")
-        existing = [n for n, r in allnodes.items() if is_marked_for(r, bad, incident)]
-        if existing:
-            spare = sorted(existing, key=natural)[0]
-            entry.update(spare=spare, status="already")
-            srec = allnodes[spare]
-            if srec["drained"] and srec["reason"] == p["spare_reason"]:
-                to_resume.append(spare)  # marked by an interrupted run, not yet resumed
-                entry["status"] = "promoted"
-        elif pool is not None:
-            for cand in free:
-                if pool_of(allnodes[cand]) == pool:
-                    free.remove(cand)
-                    comment = marker(bad, incident)
-                    validate_text(module, comment, "comment")
-                    to_mark.append((cand, comment))
-                    to_resume.append(cand)
-                    entry.update(spare=cand, status="promoted")
-                    break
-        promotions.append(entry)
+    def existing(self, entry: dict[str, Any]) -> bool:
+        """An earlier run's spare for this node and incident; resumed again if still drained."""
+        marked = [
+            n for n, r in self.allnodes.items() if self.is_marked_for(r, entry["node"], entry["incident"])
+        ]
+        if not marked:
+            return False
+        spare = sorted(marked, key=natural)[0]
+        srec = self.allnodes[spare]
+        resumed = not (srec["drained"] and srec["reason"] == self.p["spare_reason"])
+        if not resumed:
+            self.to_resume.append(spare)  # marked by an interrupted run, not yet resumed
+        entry.update(spare=spare, status="already" if resumed else "promoted")
+        return True
 
-    free_by_pool = {}
+    def pick(self, entry: dict[str, Any], free: list[str]) -> None:
+        for cand in free:
+            if pool_of(self.allnodes[cand]) == entry["pool"]:
+                free.remove(cand)
+                self.to_mark.append((cand, self.marker(entry["node"], entry["incident"])))
+                self.to_resume.append(cand)
+                entry.update(spare=cand, status="promoted")
+                return
+
+    def promotions(self, failed: list[str], incidents: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+        """One entry per failed node (its spare and status), and the spares still free."""
+        free = sorted(
+            (n for n, r in self.allnodes.items() if self.is_free_spare(r) and n not in failed), key=natural
+        )
+        out = []
+        for idx, bad in enumerate(failed):
+            rec = self.allnodes.get(bad)
+            entry = dict(
+                node=bad, incident=incidents[idx] if idx < len(incidents) else "", spare=None, status="none"
+            )
+            entry["pool"] = self.p["pool"] or (pool_of(rec) if rec else None)
+            if not self.existing(entry) and entry["pool"] is not None:
+                self.pick(entry, free)
+            out.append(entry)
+        return out, free
+
+
+def build_result(
+    slurm: Slurm, picker: Picker, promotions: list[dict[str, Any]], free: list[str]
+) -> dict[str, Any]:
+    free_by_pool: dict[str, list[str]] = {}
     for n in free:
-        free_by_pool.setdefault(pool_of(allnodes[n]) or "", []).append(n)
-    result = dict(
-        changed=bool(to_resume) and p["state"] == "promoted",
+        free_by_pool.setdefault(pool_of(picker.allnodes[n]) or "", []).append(n)
+    promoting = picker.p["state"] == "promoted"
+    return dict(
+        changed=bool(picker.to_resume) and promoting,
         promotions=promotions,
-        promoted_spares=to_resume if p["state"] == "promoted" else [],
+        promoted_spares=picker.to_resume if promoting else [],
         spares=[e["spare"] for e in promotions if e["spare"]],
+        replaces={e["spare"]: e["node"] for e in promotions if e["spare"]},
         shortfall=[e["node"] for e in promotions if e["status"] == "none"],
         free_spares=free_by_pool,
         commands=slurm.commands,
     )
-    if result["changed"] and module._diff:
-        result["diff"] = dict(
-            before=dict((n, dict(flags=allnodes[n]["flags"], reason=allnodes[n]["reason"],
-                                 comment=allnodes[n]["comment"])) for n in to_resume),
-            after=dict((n, dict(flags=[f for f in allnodes[n]["flags"] if f != "DRAIN"], reason="",
-                                comment=dict(to_mark).get(n, allnodes[n]["comment"]))) for n in to_resume),
-        )
-    if p["state"] == "query" or module.check_mode or not to_resume:
-        module.exit_json(**result)
 
-    # The comment first: if we are interrupted, the next run finds the spare already assigned.
-    # (one call per spare, each comment differs; run concurrently for a batch)
-    calls = [["scontrol", "update", "nodename=%s" % spare, "comment=%s" % comment] for spare, comment in to_mark]
-    if calls:
+
+def promotion_diff(picker: Picker) -> dict[str, Any]:
+    nodes, comments = picker.allnodes, dict(picker.to_mark)
+
+    def after(n: str) -> dict[str, Any]:
+        flags = [f for f in nodes[n]["flags"] if f != "DRAIN"]
+        return dict(flags=flags, reason="", comment=comments.get(n, nodes[n]["comment"]))
+
+    return dict(
+        before={
+            n: dict(flags=nodes[n]["flags"], reason=nodes[n]["reason"], comment=nodes[n]["comment"])
+            for n in picker.to_resume
+        },
+        after={n: after(n) for n in picker.to_resume},
+    )
+
+
+def promote(module: Any, slurm: Slurm, picker: Picker, result: dict[str, Any]) -> None:
+    """Mark the spares (comment first: an interrupted run finds them assigned), then resume them
+    with one call and wait until Slurm shows them resumed."""
+    calls = [
+        ["scontrol", "update", f"nodename={spare}", f"comment={comment}"] for spare, comment in picker.to_mark
+    ]
+    if calls:  # each comment differs: one call per spare, concurrently for a batch
         with ThreadPoolExecutor(max_workers=min(8, len(calls))) as pool:
             outs = list(pool.map(lambda argv: (argv, slurm.run(argv, check_rc=False)), calls))
-        bad = [(argv, r) for argv, r in outs if r[0] != 0]
+        bad = [f"{argv[2]}: {(err or out).strip()}" for argv, (rc, out, err) in outs if rc != 0]
         if bad:
-            module.fail_json(msg="setting the spare comment failed: %s" % "; ".join(
-                "%s: %s" % (argv[2], (r[2] or r[1]).strip()) for argv, r in bad), **result)
-    slurm.run(["scontrol", "update", "nodename=%s" % compress_hostlist(to_resume), "state=resume"])
+            module.fail_json(msg="setting the spare comment failed: " + "; ".join(bad), **result)
+    slurm.run(["scontrol", "update", f"nodename={compress_hostlist(picker.to_resume)}", "state=resume"])
     deadline = time.time() + 10
     while True:
-        now = slurm.nodes(to_resume)
-        pending = [n for n in to_resume if now.get(n, {}).get("drained", True)]
+        now = slurm.nodes(picker.to_resume)
+        pending = [n for n in picker.to_resume if now.get(n, {}).get("drained", True)]
         if not pending or time.time() > deadline:
             break
         time.sleep(0.2)
     if pending:
-        module.fail_json(msg="spares did not resume: %s" % ", ".join(pending), **result)
+        module.fail_json(msg="spares did not resume: " + ", ".join(pending), **result)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    p = module.params
+    failed = validate_nodes(module, p["nodes"])
+    incidents = [str(validate_text(module, i, "incident_ids")) for i in p["incident_ids"]]
+    candidates = (
+        validate_nodes(module, p["candidates"], "candidates") if p["candidates"] is not None else None
+    )
+    slurm = Slurm(module)
+    if p["state"] == "promoted" and not module.check_mode:
+        take_lock(module, p["lock_file"] or default_lock(p["slurm_conf"]), p["lock_timeout"])
+    picker = Picker(slurm.nodes(), p, candidates)
+    promotions, free = picker.promotions(failed, incidents)
+    result = build_result(slurm, picker, promotions, free)
+    if result["changed"] and module._diff:
+        result["diff"] = promotion_diff(picker)
+    for _spare, comment in picker.to_mark:
+        validate_text(module, comment, "comment")
+    if p["state"] == "promoted" and not module.check_mode and picker.to_resume:
+        promote(module, slurm, picker, result)
     module.exit_json(**result)
 
 

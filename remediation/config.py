@@ -116,6 +116,13 @@ _PATH_KEYS = (
     "kubeconfig",
     "ansible_python",
 )
+# play inputs that are paths (playbooks/specs/inputs.yml, type path)
+_PLAY_PATH_VARS = (
+    "autoheal_slurm_conf",
+    "autoheal_kubeconfig",
+    "autoheal_journal_events",
+    "autoheal_lab_root",
+)
 _ENV_PREFIX = "AUTOHEAL_"
 _ENV_KEYS = {
     "TOKEN_FILE": "token_file",
@@ -145,6 +152,14 @@ def parse_config(data: Any, origin: str, base: Path, env: dict[str, str] | None 
         if merged.get(key) is not None:
             p = Path(str(merged[key])).expanduser()
             merged[key] = p if p.is_absolute() else (base / p).resolve()
+    if isinstance(merged.get("play_vars"), dict):
+        # the plays read relative paths from their own working directory, which is not this file's
+        merged["play_vars"] = {
+            k: str((base / Path(v).expanduser()).resolve())
+            if k in _PLAY_PATH_VARS and v and isinstance(v, str) and not Path(v).expanduser().is_absolute()
+            else v
+            for k, v in merged["play_vars"].items()
+        }
     try:
         return RunnerConfig.model_validate(merged)
     except ValidationError as exc:

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.runbook.conftest import run_module, wait_for
+from tests.runbook.conftest import run_module
+from tests.support import wait_for
 
 pytestmark = pytest.mark.lab
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.runbook.conftest import run_playbook, wait_for
+from tests.runbook.conftest import REPO, VENV_BIN, ansible_env, run_playbook
+from tests.support import wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -375,3 +378,44 @@ def test_stop_after_fenced_fences_and_ends_and_the_full_run_finds_the_fence_done
     assert status and status.group(1) == "ok", fence_task[:400]
     assert lab.node("gpu-3")["state"] == "down"
     assert "spare_promoted" in [e["phase"] for e in lab.journal_lines()]
+
+
+def readme_example() -> str:
+    """The README's on-call example, as it stands."""
+    text = (REPO / "README.md").read_text()
+    line = next(
+        x for x in text.splitlines() if x.startswith(".venv/bin/ansible-playbook playbooks/fence.yml")
+    )
+    assert ".lab/default/" in line, line
+    return line
+
+
+def test_the_readme_example_works_as_written_with_its_relative_paths(kube_lab, tmp_path):
+    """Issue 21: the modules run in a directory of their own, so the play makes the relative
+    paths absolute from where the engineer ran it. The command runs from a checkout-shaped folder
+    whose .lab/ holds the test lab (its name in place of "default")."""
+    lab = kube_lab
+    work = tmp_path / "checkout"
+    work.mkdir()
+    for part in ("playbooks", "roles", "collections", "inventory", "ansible.cfg"):
+        (work / part).symlink_to(REPO / part)
+    (work / ".venv").symlink_to(VENV_BIN.parent)
+    (work / ".lab").symlink_to(lab.root)
+    argv = shlex.split(readme_example().replace(".lab/default/", f".lab/{lab.name}/"))
+    before = snapshot(lab)
+    res = subprocess.run(argv, cwd=work, env=ansible_env(), capture_output=True, text=True, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert "changed: [localhost]" in out  # check mode: it would drain and quarantine gpu-2
+    assert snapshot(lab) == before
+
+    # from anywhere else the same paths name nothing: refused before any step, naming the fix
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    argv[:2] = [str(VENV_BIN / "ansible-playbook"), str(REPO / "playbooks/fence.yml")]
+    res = subprocess.run(argv, cwd=elsewhere, env=ansible_env(), capture_output=True, text=True, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert f"autoheal_slurm_conf: .lab/{lab.name}/slurm/slurm.conf does not exist" in out, out[-3000:]
+    assert f"relative paths are read from {elsewhere}" in out
+    assert snapshot(lab) == before

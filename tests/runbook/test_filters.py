@@ -1,0 +1,256 @@
+"""The runbooks' decisions, held by the collection's filters and the inputs step, without a
+cluster: Slurm reasons, which nodes a step acts on, journal and Kubernetes events, paths."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.runbook.conftest import plugin
+
+runbook = plugin("filter.runbook")
+events = plugin("filter.journal_events")
+inputs = plugin("plugin_utils.runbook_inputs")
+
+
+def run(**kw):
+    nodes = kw.pop("nodes", ["gpu-1", "gpu-2"])
+    incidents = kw.pop("incidents", {n: f"inc-{n[-1]}" for n in nodes})
+    return {"nodes": nodes, "incidents": incidents, **kw}
+
+
+# ---------------------------------------------------------------- reasons
+
+
+def test_fault_reasons_name_each_incident_up_to_the_per_node_limit():
+    r = run(xid=79, gpu=3, reason_per_node_max=4)
+    assert runbook.slurm_reasons(r) == {"gpu-1": "XID 79 gpu3 inc-1", "gpu-2": "XID 79 gpu3 inc-2"}
+    assert runbook.slurm_reasons({**r, "gpu": None})["gpu-1"] == "XID 79 inc-1"
+
+
+def test_a_storm_shares_one_reason_so_one_scontrol_call_fences_it():
+    nodes = [f"gpu-{i}" for i in range(1, 7)]
+    reasons = runbook.slurm_reasons(run(nodes=nodes, xid=79, gpu=0, reason_per_node_max=4))
+    assert set(reasons.values()) == {"XID 79 gpu0 inc-1 +5"} and list(reasons) == nodes
+
+
+def test_a_manual_fence_names_its_reason_and_incident():
+    assert runbook.slurm_reasons(run(reason="bad fan"))["gpu-2"] == "bad fan inc-2"
+    assert runbook.slurm_reasons(run())["gpu-1"] == "manual fence inc-1"
+
+
+# ---------------------------------------------------------------- triage
+
+
+FENCE = {"gone_nodes": ["gpu-9"], "slurm_nodes": ["gpu-1", "gpu-2"], "kube_nodes": ["gpu-1"]}
+
+
+def test_triage_skips_gone_nodes_and_keeps_opted_out_ones_fenced_only():
+    r = run(nodes=["gpu-1", "gpu-2", "gpu-9"])
+    t = runbook.triage(FENCE, r, {"gpu-2": ["pod team/a", "node label"]})
+    assert t["gone"] == ["gpu-9"] and t["fenced"] == ["gpu-1", "gpu-2"]
+    assert t["opt_out"] == ["gpu-2"] and t["opt_out_why"] == {"gpu-2": "pod team/a, node label"}
+    assert t["act"] == ["gpu-1"] and t["act_slurm"] == ["gpu-1"] and t["act_kube"] == ["gpu-1"]
+
+
+def test_autoheal_opt_out_opts_out_every_node_that_exists():
+    t = runbook.triage(FENCE, run(nodes=["gpu-1", "gpu-2", "gpu-9"], opt_out=True), {})
+    assert t["opt_out"] == ["gpu-1", "gpu-2"] and t["act"] == []
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def test_nodes_where_selects_records_by_field():
+    info = {"a": {"down": True, "owned": True}, "b": {"down": True, "owned": False}, "c": {"down": False}}
+    assert runbook.nodes_where(info, down=True, owned=True) == ["a"]
+    assert runbook.nodes_where(info, down=False) == ["c"]
+
+
+def test_node_map_and_annotate_skip_nodes_without_a_value():
+    m = runbook.node_map(["a", "b"], ["i1"])
+    assert m == {"a": "i1", "b": None}
+    assert runbook.annotate(m, "autoheal.io/incident") == {"a": {"autoheal.io/incident": "i1"}}
+
+
+def test_k8s_drain_outcome_reads_a_loop_of_k8s_drain_results():
+    results = [
+        {"item": "a", "result": "drained", "warnings": ["w"]},
+        {"item": "b", "msg": "PDB says no", "failed": True},
+        {"item": "c", "skipped": True},
+    ]
+    out = runbook.k8s_drain_outcome(results)
+    assert out == {"drained": ["a"], "failures": {"b": "PDB says no"}, "warnings": {"a": ["w"]}}
+
+
+def test_lab_pools_tells_when_the_pool_is_backfilled():
+    status = {
+        "retired": ["gpu-3"],
+        "pools": {"h100": {"members": ["gpu-1", "gpu-7"], "pending": [], "declared": 2}},
+    }
+    assert runbook.lab_pools(status) == {
+        "retired": ["gpu-3"],
+        "members": ["gpu-1", "gpu-7"],
+        "pending": [],
+        "backfilled": True,
+    }
+    status["pools"]["h100"]["pending"] = ["gpu-8"]
+    assert runbook.lab_pools(__import__("json").dumps(status))["backfilled"] is False
+
+
+# ---------------------------------------------------------------- journal events
+
+
+def test_fence_events_name_an_admin_reason_kept_and_gone_nodes():
+    incidents = {"gpu-1": "i1", "gpu-2": "i2", "gpu-9": "i9"}
+    fence = {"gone_nodes": ["gpu-9"], "slurm": {"skipped_nodes": [{"node": "gpu-2", "reason": "bad dimm"}]}}
+    evs = events.fence_events(fence, incidents)
+    assert [(e["node"], e["phase"], e["status"]) for e in evs] == [
+        ("gpu-1", "fenced", "ok"),
+        ("gpu-2", "fenced", "ok"),
+        ("gpu-9", "gone", "skipped"),
+    ]
+    assert evs[1]["detail"] == "slurm reason kept: bad dimm" and "detail" not in evs[0]
+
+
+def test_evacuation_events_report_signalled_and_requeued_jobs_per_node():
+    jobs = {
+        "jobs": [{"job_id": 7, "nodes": ["a", "b"]}, {"job_id": 8, "nodes": ["b"]}],
+        "requeued_job_ids": [7],
+        "not_requeued": [{"job_id": 8}],
+        "signalled_at": 100.0,
+    }
+    evs = {(e["node"], e["phase"]): e for e in events.evacuation_events(jobs, ["a", "b", "c"], {"a": "i"})}
+    assert evs[("a", "jobs_signalled")]["detail"] == "jobs 7" and evs[("a", "jobs_signalled")]["ts"] == 100.0
+    assert evs[("b", "requeued")]["status"] == "failed"
+    assert evs[("b", "requeued")]["detail"] == "requeued 7 not requeued 8"
+    assert evs[("c", "jobs_signalled")]["detail"] == "no jobs" and evs[("c", "requeued")]["status"] == "ok"
+    assert evs[("a", "requeued")]["incident"] == "i" and evs[("b", "requeued")]["incident"] == "manual"
+
+
+def test_promotion_drain_retire_and_escalation_events():
+    promo = {"promotions": [{"node": "a", "spare": "s1"}, {"node": "b", "spare": None}], "shortfall": ["b"]}
+    assert [(e["node"], e["status"], e.get("detail")) for e in events.promotion_events(promo, {})] == [
+        ("a", "ok", "s1"),
+        ("b", "failed", "no free hot spare in the pool"),
+    ]
+    drained = events.drain_events(["a"], {"b": [{"pod": "x/y"}]}, {})
+    assert [(e["node"], e["status"]) for e in drained] == [("a", "ok"), ("b", "failed")]
+    assert [e["phase"] for e in events.retire_events(["a"], ["gpu-7"], {})] == [
+        "retired",
+        "replacement_ready",
+    ]
+    assert [e["phase"] for e in events.retire_events(["a"], [], {})] == ["retired"]
+    esc = events.escalation_events(["a"], {}, "Fence", "x" * 400)
+    assert esc[0]["status"] == "failed" and len(esc[0]["detail"]) == len("Fence: ") + 300
+
+
+def test_kube_events_are_named_per_incident_node_and_phase_and_never_repeated():
+    evs = events.phase_events(["a", "b"], {"a": "i1", "b": "i2"}, "fenced", "ok")
+    objs = events.kube_events(evs, [], ["a"], stamp="2026-01-01T00:00:00Z")
+    assert [o["involvedObject"]["name"] for o in objs] == ["a"]  # b is not in Kubernetes
+    assert objs[0]["reason"] == "AutohealFenced" and objs[0]["type"] == "Normal"
+    assert objs[0]["metadata"]["annotations"] == {"autoheal.io/incident": "i1"}
+    assert events.kube_events(evs, [objs[0]["metadata"]["name"]], ["a"]) == []
+    failed = events.kube_events(events.phase_events(["a"], {}, "drained", "failed", detail="pdb"), [], ["a"])
+    assert failed[0]["type"] == "Warning" and failed[0]["message"].endswith(": pdb")
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def test_inputs_derive_incidents_backend_and_kube(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    values = {
+        "autoheal_nodes": ["gpu-1", "gpu-2"],
+        "autoheal_incident_ids": ["inc-1"],
+        "autoheal_slurm_conf": str(conf),
+        "autoheal_kubeconfig": "",
+        "autoheal_lab_name": "",
+        "autoheal_backend": "",
+        "autoheal_xid": 79,
+    }
+    r = inputs.derive(values, str(tmp_path), str(tmp_path / "playbooks"), {})
+    assert r["incidents"] == {"gpu-1": "inc-1", "gpu-2": "manual"} and r["incident_list"] == [
+        "inc-1",
+        "manual",
+    ]
+    assert r["use_kube"] is False and r["backend"] == "none" and r["xid"] == 79
+
+
+def test_relative_paths_are_read_from_the_working_directory(tmp_path):
+    (tmp_path / ".lab/default/slurm").mkdir(parents=True)
+    (tmp_path / ".lab/default/slurm/slurm.conf").write_text("")
+    values = {"autoheal_nodes": ["gpu-2"], "autoheal_slurm_conf": ".lab/default/slurm/slurm.conf"}
+    r = inputs.derive(values, str(tmp_path), "/nowhere/playbooks", {})
+    assert r["slurm_conf"] == str(tmp_path / ".lab/default/slurm/slurm.conf")
+    with pytest.raises(inputs.InputError) as err:
+        inputs.derive(values, str(tmp_path / "elsewhere"), "/nowhere/playbooks", {})
+    msg = str(err.value)
+    assert msg.startswith("autoheal_slurm_conf: .lab/default/slurm/slurm.conf does not exist")
+    assert os.path.join(str(tmp_path), "elsewhere") in msg  # says where relative paths are read from
+
+
+def test_a_journal_needs_its_folder_and_the_lab_backend_a_lab_root(tmp_path):
+    base = {"autoheal_nodes": ["gpu-2"]}
+    with pytest.raises(inputs.InputError, match="autoheal_journal_events: the folder of"):
+        inputs.derive(
+            {**base, "autoheal_journal_events": "no/such/dir/j.jsonl"}, str(tmp_path), str(tmp_path), {}
+        )
+    r = inputs.derive({**base, "autoheal_journal_events": "j.jsonl"}, str(tmp_path), str(tmp_path), {})
+    assert r["journal_events"] == str(tmp_path / "j.jsonl")
+    lab = {**base, "autoheal_lab_name": "x", "autoheal_lab_root": "", "autoheal_backend": ""}
+    with pytest.raises(inputs.InputError, match="autoheal_lab_root"):
+        inputs.derive(lab, str(tmp_path), str(tmp_path / "playbooks"), {})
+    (tmp_path / "labs").mkdir()
+    r = inputs.derive(
+        lab, str(tmp_path), str(tmp_path / "playbooks"), {"AUTOHEAL_LAB_ROOT": str(tmp_path / "labs")}
+    )
+    assert r["backend"] == "lab" and r["lab_root"] == str(tmp_path / "labs")
+
+
+@pytest.mark.parametrize(
+    ("nodes", "ids", "error"),
+    [
+        (["gpu-1", "gpu-1"], [], "given twice"),
+        (["GPU-1"], [], "not node names"),
+        (["gpu-1;reboot"], [], "not node names"),
+        ([], [], "at least one node"),
+        (["gpu-1"], ["inc 1"], "autoheal_incident_ids"),
+        (["gpu-1"], ["a", "b"], "more incident ids than nodes"),
+    ],
+)
+def test_hostile_or_malformed_names_are_refused(nodes, ids, error):
+    with pytest.raises(inputs.InputError, match=error):
+        inputs.derive({"autoheal_nodes": nodes, "autoheal_incident_ids": ids}, "/", "/", {})
+
+
+def test_the_runner_config_reads_relative_play_paths_from_its_own_folder(tmp_path):
+    """`autoheal run` and the runner pass play_vars to plays that run elsewhere: relative path
+    inputs in the config are made absolute from the config file's folder, like its other paths."""
+    from remediation.config import parse_config
+
+    cfg = parse_config(
+        {
+            "token_file": "t",
+            "journal_path": "j",
+            "rules_file": "r",
+            "playbook_dir": "p",
+            "state_dir": "s",
+            "play_vars": {
+                "autoheal_slurm_conf": "slurm.conf",
+                "autoheal_kubeconfig": "",
+                "autoheal_webhook_url": "w",
+            },
+        },
+        "runner.yaml",
+        tmp_path,
+        {},
+    )
+    assert cfg.play_vars == {
+        "autoheal_slurm_conf": str(tmp_path / "slurm.conf"),
+        "autoheal_kubeconfig": "",
+        "autoheal_webhook_url": "w",
+    }

@@ -3,6 +3,9 @@
 * dcgm-exporter runs as a DaemonSet on every node that belongs to a GPU pool (the pool label
   exists), tolerating every taint: spares, quarantined and draining nodes are exactly the ones
   whose GPUs we must keep seeing. Adding a pool therefore changes nothing here.
+* The XID watcher (`autoheal watch`, components.xid_watcher) runs beside it on the same nodes: it
+  reads the kernel log and posts to Alertmanager (`alertmanager_url`) directly, so a GPU that fell
+  off the bus is reported even when dcgm-exporter has lost it, in well under a second.
 * The Prometheus rule group comes from `autoheal.monitoring.render_xid_rules()`, i.e. from the XID
   catalogue the runner also classifies with, so what alerts and what acts cannot disagree. With the
   Prometheus Operator (`prometheus_operator=True`) it is a PrometheusRule; otherwise a ConfigMap
@@ -29,6 +32,12 @@ from autoheal import labels as lb
 from autoheal.monitoring import render_alertmanager_config, render_xid_rules
 from components import kube
 from components.common import SecretRef, await_annotations, base_labels, child
+from components.xid_watcher import (
+    DEFAULT_ALERTMANAGER_URL,
+    DEFAULT_WATCHER_IMAGE,
+    XidWatcherArgs,
+    xid_watcher,
+)
 
 DCGM_PORT = 9400
 DEFAULT_DCGM_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
@@ -51,6 +60,9 @@ class GpuMonitoringArgs:
     group_interval: str = "1s"
     repeat_interval: str = "1h"
     wait_for_rollout: bool = True
+    # where the XID watchers post (Alertmanager's base URL), and the image they run from
+    alertmanager_url: pulumi.Input[str] = DEFAULT_ALERTMANAGER_URL
+    watcher_image: str = DEFAULT_WATCHER_IMAGE
 
 
 def _matcher(text: str) -> dict[str, str]:
@@ -115,6 +127,7 @@ class GpuMonitoring(pulumi.ComponentResource):
 
     rules: dict[str, Any]
     dcgm_exporter: k8s.apps.v1.DaemonSet
+    xid_watcher: k8s.apps.v1.DaemonSet
 
     def __init__(
         self, name: str, args: GpuMonitoringArgs, opts: pulumi.ResourceOptions | None = None
@@ -122,6 +135,12 @@ class GpuMonitoring(pulumi.ComponentResource):
         super().__init__("autoheal:monitoring:GpuMonitoring", name, None, opts)
         self._name, self._args = name, args
         self.dcgm_exporter = self._dcgm_exporter(await_annotations(args.wait_for_rollout))
+        self.xid_watcher = xid_watcher(
+            self,
+            name,
+            XidWatcherArgs(args.namespace, args.alertmanager_url, args.watcher_image),
+            await_annotations(args.wait_for_rollout),
+        )
         self.rules = render_xid_rules()
         alertmanager = self._alertmanager_config()
         if args.prometheus_operator:

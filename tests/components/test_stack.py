@@ -29,7 +29,7 @@ def test_lab_stack_declares_the_expected_resources(lab):
     counts = Counter(r.type for r in lab.resources)
     assert {t: counts[t] for t in COMPONENTS} == dict.fromkeys(COMPONENTS, 1)  # one pool: one SlurmWorkers
     assert counts["kubernetes:core/v1:Namespace"] == 2
-    assert counts["kubernetes:apps/v1:DaemonSet"] == 2  # slurmd-h100, dcgm-exporter
+    assert counts["kubernetes:apps/v1:DaemonSet"] == 3  # slurmd-h100, dcgm-exporter, xid-watcher
     assert counts["kubernetes:apps/v1:StatefulSet"] == 1
     assert counts["kubernetes:apps/v1:Deployment"] == 2  # login, runner
     assert counts["kubernetes:core/v1:ConfigMap"] == 7
@@ -37,7 +37,7 @@ def test_lab_stack_declares_the_expected_resources(lab):
     assert counts["pulumi-python:dynamic:Resource"] == 3  # their generators
     assert counts["kubernetes:core/v1:PersistentVolumeClaim"] == 3
     assert counts["pulumi:providers:kubernetes"] == 1
-    assert len(lab.resources) == 41
+    assert len(lab.resources) == 42
     assert all(not r.custom for r in lab.resources if r.type in COMPONENTS)
 
 

@@ -1,0 +1,94 @@
+"""The XID watcher DaemonSet: `autoheal watch` on every GPU node, posting to Alertmanager directly.
+
+GpuMonitoring builds it beside dcgm-exporter (same node selection: every node of a GPU pool,
+whatever its taints). The pod reads the node's kernel log from /dev/kmsg (read-only, with
+CAP_SYSLOG, which reading the kernel log needs where dmesg is restricted), maps bus ids to GPUs
+from /proc/driver/nvidia (the driver's procfs is not namespaced), and keeps its cursor and
+undelivered alerts in a hostPath directory, so a restarted or rescheduled pod on the same node
+neither re-posts old lines nor loses alerts it had not delivered. Its /metrics and /healthz are
+on WATCHER_PORT (scraped by annotation; /healthz is the liveness probe). It runs from the
+runner's image, which carries the whole autoheal package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from autoheal import labels as lb
+from components import kube
+from components.common import base_labels, child
+
+WATCHER_PORT = 9402
+KMSG = "/dev/kmsg"
+STATE_HOST_DIR = "/var/lib/autoheal/xid-watcher"
+STATE_DIR = "/var/lib/autoheal-watcher"
+DEFAULT_WATCHER_IMAGE = "ghcr.io/autoheal/runner:0.1.0"  # the runner's image: autoheal is installed there
+# The Prometheus Operator's Service in front of its Alertmanagers; set it to your Alertmanager.
+DEFAULT_ALERTMANAGER_URL = "http://alertmanager-operated.monitoring.svc:9093"
+WATCHER_LABELS = base_labels("xid-watcher", "xid-watcher")
+
+
+@dataclass(frozen=True)
+class XidWatcherArgs:
+    namespace: pulumi.Input[str]
+    alertmanager_url: pulumi.Input[str] = DEFAULT_ALERTMANAGER_URL
+    image: str = DEFAULT_WATCHER_IMAGE
+
+
+def xid_watcher(
+    parent: pulumi.Resource, name: str, args: XidWatcherArgs, skip: dict[str, str]
+) -> k8s.apps.v1.DaemonSet:
+    """The DaemonSet (see the module docstring); `skip` are the await annotations."""
+    host = k8s.core.v1.HostPathVolumeSourceArgs
+    pod = k8s.core.v1.PodSpecArgs(
+        affinity=kube.required_node_affinity([kube.node_has(lb.POOL_LABEL)]),
+        tolerations=[k8s.core.v1.TolerationArgs(operator="Exists")],
+        containers=[_container(args)],
+        volumes=[
+            k8s.core.v1.VolumeArgs(name="kmsg", host_path=host(path=KMSG, type="CharDevice")),
+            k8s.core.v1.VolumeArgs(
+                name="state", host_path=host(path=STATE_HOST_DIR, type="DirectoryOrCreate")
+            ),
+        ],
+    )
+    scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(WATCHER_PORT)}
+    return k8s.apps.v1.DaemonSet(
+        f"{name}-xid-watcher",
+        metadata=kube.meta("xid-watcher", args.namespace, WATCHER_LABELS, skip),
+        spec=k8s.apps.v1.DaemonSetSpecArgs(
+            selector=kube.selector(WATCHER_LABELS), template=kube.template(WATCHER_LABELS, pod, scrape)
+        ),
+        opts=child(parent),
+    )
+
+
+def _container(args: XidWatcherArgs) -> k8s.core.v1.ContainerArgs:
+    return k8s.core.v1.ContainerArgs(
+        name="xid-watcher",
+        image=args.image,
+        command=["autoheal", "watch"],
+        env=[
+            kube.field_env("NODE_NAME", "spec.nodeName"),
+            k8s.core.v1.EnvVarArgs(name="AUTOHEAL_ALERTMANAGER", value=args.alertmanager_url),
+            kube.env("AUTOHEAL_WATCH_SOURCE", "kmsg"),
+            kube.env("AUTOHEAL_WATCH_PATH", KMSG),
+            kube.env("AUTOHEAL_WATCH_GPU_MAP", "auto"),
+            kube.env("AUTOHEAL_WATCH_STATE", f"{STATE_DIR}/state.json"),
+            kube.env("AUTOHEAL_WATCH_LISTEN", f"0.0.0.0:{WATCHER_PORT}"),
+        ],
+        ports=[k8s.core.v1.ContainerPortArgs(name="metrics", container_port=WATCHER_PORT)],
+        security_context=k8s.core.v1.SecurityContextArgs(
+            run_as_user=0,  # /dev/kmsg is root's (0644)
+            read_only_root_filesystem=True,
+            allow_privilege_escalation=False,
+            capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"], add=["SYSLOG"]),
+        ),
+        resources=k8s.core.v1.ResourceRequirementsArgs(
+            requests={"cpu": "10m", "memory": "64Mi"}, limits={"memory": "256Mi"}
+        ),
+        liveness_probe=kube.http_probe("/healthz", WATCHER_PORT, period=20, initial=10),
+        volume_mounts=[kube.mount("kmsg", KMSG, read_only=True), kube.mount("state", STATE_DIR)],
+    )

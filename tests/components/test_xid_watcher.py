@@ -1,0 +1,45 @@
+"""The XID watcher DaemonSet GpuMonitoring declares: on every GPU node, reading /dev/kmsg
+read-only, its state on the node, posting to Alertmanager; it runs `autoheal watch` with settings
+the watcher's own config accepts."""
+
+from __future__ import annotations
+
+from tests.components.harness import pod_spec
+from watcher.config import WatcherConfig
+
+
+def test_watcher_runs_on_every_gpu_node_with_the_kernel_log_and_node_state(lab):
+    ds = lab.one("kubernetes:apps/v1:DaemonSet", "xid-watcher")
+    spec = pod_spec(ds)
+    dcgm = pod_spec(lab.one("kubernetes:apps/v1:DaemonSet", "dcgm-exporter"))
+    assert spec["affinity"] == dcgm["affinity"] and spec["tolerations"] == [{"operator": "Exists"}]
+    (c,) = spec["containers"]
+    assert c["command"] == ["autoheal", "watch"]
+    volumes = {v["name"]: v["hostPath"] for v in spec["volumes"]}
+    assert volumes["kmsg"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    assert volumes["state"]["type"] == "DirectoryOrCreate"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["kmsg"].get("readOnly") is True and not mounts["state"].get("readOnly")
+    sc = c["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    assert sc["allowPrivilegeEscalation"] is False and not sc.get("privileged")
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert (
+        next(e for e in c["env"] if e["name"] == "NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"]
+        == "spec.nodeName"
+    )
+    # the environment the pod gets is a valid watcher configuration
+    cfg = WatcherConfig(
+        node="gpu-1",
+        source=env["AUTOHEAL_WATCH_SOURCE"],
+        path=env["AUTOHEAL_WATCH_PATH"],
+        alertmanagers=[env["AUTOHEAL_ALERTMANAGER"]],
+        state_file=env["AUTOHEAL_WATCH_STATE"],
+        gpu_map=env["AUTOHEAL_WATCH_GPU_MAP"],
+        listen=env["AUTOHEAL_WATCH_LISTEN"],
+    )
+    assert str(cfg.state_file).startswith(mounts["state"]["mountPath"])
+    port = int(cfg.listen.rsplit(":", 1)[1])
+    assert c["ports"] == [{"name": "metrics", "containerPort": port}]
+    assert ds.inputs["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(port)

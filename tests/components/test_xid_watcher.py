@@ -30,14 +30,16 @@ def test_watcher_runs_on_every_gpu_node_with_the_kernel_log_and_node_state(lab):
         == "spec.nodeName"
     )
     # the environment the pod gets is a valid watcher configuration
-    cfg = WatcherConfig(
-        node="gpu-1",
-        source=env["AUTOHEAL_WATCH_SOURCE"],
-        path=env["AUTOHEAL_WATCH_PATH"],
-        alertmanagers=[env["AUTOHEAL_ALERTMANAGER"]],
-        state_file=env["AUTOHEAL_WATCH_STATE"],
-        gpu_map=env["AUTOHEAL_WATCH_GPU_MAP"],
-        listen=env["AUTOHEAL_WATCH_LISTEN"],
+    cfg = WatcherConfig.model_validate(
+        {
+            "node": "gpu-1",
+            "source": env["AUTOHEAL_WATCH_SOURCE"],
+            "path": env["AUTOHEAL_WATCH_PATH"],
+            "alertmanagers": [env["AUTOHEAL_ALERTMANAGER"]],
+            "state_file": env["AUTOHEAL_WATCH_STATE"],
+            "gpu_map": env["AUTOHEAL_WATCH_GPU_MAP"],
+            "listen": env["AUTOHEAL_WATCH_LISTEN"],
+        }
     )
     assert str(cfg.state_file).startswith(mounts["state"]["mountPath"])
     port = int(cfg.listen.rsplit(":", 1)[1])

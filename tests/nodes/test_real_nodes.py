@@ -203,6 +203,11 @@ def test_the_device_plugin_advertises_gpus_hands_out_devices_and_drops_a_dead_on
     try:  # the simulator's state file as it writes it: XID 79 (fell off the bus) on GPU 3
         state.write_text(json.dumps({"nodes": {"rn-1": "H100"}, "xids": [["rn-1", 3, 79]]}))
         wait_for(lambda: alloc() == str(GPUS - 1), 60, "the dead GPU to leave allocatable")
+        # a GPU whose series vanished (the simulator's "lost") is as gone
+        state.write_text(
+            json.dumps({"nodes": {"rn-1": "H100"}, "xids": [["rn-1", 3, 79]], "lost": [["rn-1", 1]]})
+        )
+        wait_for(lambda: alloc() == str(GPUS - 2), 60, "the vanished GPU to leave allocatable")
     finally:
         state.write_text(before)
     wait_for(lambda: alloc() == str(GPUS), 60, "the GPU to come back")

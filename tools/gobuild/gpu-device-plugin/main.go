@@ -44,7 +44,8 @@ type plugin struct {
 	interval time.Duration
 }
 
-// health reads the simulator's state file: {"nodes": {...}, "xids": [[node, gpu, xid], ...]}.
+// health reads the simulator's state file: {"nodes": {...}, "xids": [[node, gpu, xid], ...],
+// "lost": [[node, gpu], ...]}: a GPU with a critical XID, or one that vanished, is Unhealthy.
 func (p *plugin) health() []string {
 	out := make([]string, p.gpus)
 	for i := range out {
@@ -56,6 +57,7 @@ func (p *plugin) health() []string {
 	}
 	var st struct {
 		Xids [][]json.RawMessage `json:"xids"`
+		Lost [][]json.RawMessage `json:"lost"`
 	}
 	if json.Unmarshal(data, &st) != nil {
 		return out
@@ -68,6 +70,14 @@ func (p *plugin) health() []string {
 			continue
 		}
 		if node == p.node && gpu >= 0 && gpu < p.gpus && xid != 0 && !applicationXIDs[xid] {
+			out[gpu] = pluginapi.Unhealthy
+		}
+	}
+	for _, row := range st.Lost {
+		var node string
+		var gpu int
+		if len(row) == 2 && json.Unmarshal(row[0], &node) == nil && json.Unmarshal(row[1], &gpu) == nil &&
+			node == p.node && gpu >= 0 && gpu < p.gpus {
 			out[gpu] = pluginapi.Unhealthy
 		}
 	}

@@ -60,6 +60,10 @@ def lab_up(
         int,
         typer.Option(help="How many nodes are real (containerd + kubelet + kube-proxy) instead of KWOK."),
     ] = 0,
+    interval: Annotated[
+        str, typer.Option(help="Prometheus scrape and evaluation interval (production: 15s to 30s).")
+    ] = "1s",
+    watchers: Annotated[bool, typer.Option(help="One XID watcher per node (labs of up to 64 nodes).")] = True,
 ) -> None:
     """Start the lab (idempotent: a running lab is left as it is)."""
     kw: dict[str, object] = {}
@@ -75,6 +79,8 @@ def lab_up(
         grace_seconds=grace,
         provision_delay=provision_delay,
         real_nodes=real_nodes,
+        interval=interval,
+        watchers=watchers,
         **kw,  # type: ignore[arg-type]
     )
     cfg = labmod.up(cfg, _progress)
@@ -142,11 +148,15 @@ def lab_inject(
     gpu: Annotated[int | None, typer.Option(help="GPU index on the node.")] = None,
     xid: Annotated[int | None, typer.Option(help="XID to raise, e.g. 79.")] = None,
     clear: Annotated[bool, typer.Option("--clear", help="Clear the node's (or GPU's) XID.")] = False,
+    vanish: Annotated[
+        bool, typer.Option("--vanish", help="The GPU's metrics vanish (as when DCGM loses it) instead.")
+    ] = False,
 ) -> None:
-    """Raise an XID on a simulated GPU (or clear it with --clear)."""
+    """Raise an XID on a simulated GPU (or clear it with --clear); the node's kernel log gets the
+    driver's line either way."""
     if clear == (xid is not None):
         raise AutohealError("give exactly one of --xid N or --clear")
-    labmod.inject(labmod.require(name, root), node, gpu, None if clear else xid)
+    labmod.inject(labmod.require(name, root), node, gpu, None if clear else xid, vanish=vanish)
     console.print(f"{'cleared' if clear else f'XID {xid} raised on'} {node} gpu {gpu}")
 
 

@@ -400,14 +400,14 @@ def _http(url: str) -> str:
     return "ready"
 
 
-def inject(cfg: LabConfig, node: str, gpu: int | None, xid: int | None) -> None:
-    """Set (or with xid None, clear) the XID gauge of a simulated GPU."""
+def inject(cfg: LabConfig, node: str, gpu: int | None, xid: int | None, vanish: bool = False) -> None:
+    """Set (or with xid None, clear) the XID gauge of a simulated GPU; with `vanish` its series
+    disappear instead (DCGM lost the GPU). The node's kernel log gets the driver's line."""
     if xid is None:
         r = httpx.post(cfg.url("simulator", "/v1/clear"), json={"node": node, "gpu": gpu}, timeout=5)
     else:
-        r = httpx.post(
-            cfg.url("simulator", "/v1/xid"), json={"node": node, "gpu": gpu, "xid": xid}, timeout=5
-        )
+        body = {"node": node, "gpu": gpu, "xid": xid, "vanish": vanish}
+        r = httpx.post(cfg.url("simulator", "/v1/xid"), json=body, timeout=5)
     if r.status_code != 200:
         raise LabError(f"simulator: {r.json().get('error', r.text)}")
 

@@ -15,7 +15,15 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from watcher.config import SourceKind, WatcherConfig
+from watcher.config import WatcherConfig
+
+# config fields whose command-line option is named differently
+OPTION_OF = {
+    "alertmanagers": "alertmanager",
+    "state_file": "state",
+    "rate_per_second": "rate",
+    "alert_hold_seconds": "hold-seconds",
+}
 
 
 def watch(
@@ -83,8 +91,9 @@ def watch(
         cfg = WatcherConfig.model_validate(raw)
     except ValidationError as exc:
         for e in exc.errors():
-            field = ".".join(str(x) for x in e["loc"])
-            typer.echo(f"error: --{field.replace('_', '-')}: {e['msg']}", err=True)
+            field = str(e["loc"][0]) if e["loc"] else ""
+            option = OPTION_OF.get(field, field.replace("_", "-"))
+            typer.echo(f"error: {'--' + option + ': ' if option else ''}{e['msg']}", err=True)
         raise typer.Exit(2) from None
     from watcher.daemon import Watcher
 
@@ -104,4 +113,4 @@ def main() -> None:
     app()
 
 
-__all__ = ["SourceKind", "main", "register", "watch"]
+__all__ = ["main", "register", "watch"]

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
+from autoheal.errors import ValidationError
 from autoheal.names import validate_node_name
 
 SourceKind = Literal["kmsg", "journald", "file"]
@@ -50,7 +51,10 @@ class WatcherConfig(BaseModel):
     @field_validator("node")
     @classmethod
     def _node(cls, v: str) -> str:
-        return validate_node_name(v, field="node")
+        try:
+            return validate_node_name(v, field="node")
+        except ValidationError as exc:  # pydantic reports ValueErrors with the field's name
+            raise ValueError(str(exc).removeprefix("node: ")) from None
 
     @field_validator("gpu_map")
     @classmethod
@@ -68,10 +72,8 @@ class WatcherConfig(BaseModel):
                 raise ValueError(f"{v!r}: use HOST:PORT, e.g. 0.0.0.0:9402")
         return v
 
-    @property
-    def source_path(self) -> Path:
-        if self.path is not None:
-            return self.path
-        if self.source == "kmsg":
-            return Path("/dev/kmsg")
-        raise ValueError(f"source {self.source}: --path is required")
+    @model_validator(mode="after")
+    def _path_for_file(self) -> WatcherConfig:
+        if self.source == "file" and self.path is None:
+            raise ValueError("path: source file needs --path (the text log to follow)")
+        return self

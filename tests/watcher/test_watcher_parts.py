@@ -200,3 +200,26 @@ def test_gpu_map_never_forgets_a_gpu(tmp_path: Path):
     assert gm.get("0000:2a:00") == Gpu(1, "GPU-bbbbbbbb-1111-2222-3333-444444444444")
     csv.unlink()
     assert gm.refresh() == 2 and "No such file" in gm.last_error
+
+
+def test_a_bad_command_line_names_the_option_and_exits_2(tmp_path: Path):
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "watcher",
+            "--node=GPU_1",
+            "--alertmanager=not a url",
+            f"--state={tmp_path / 's'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2, res.stderr
+    assert "--node: " in res.stderr and "not a valid node name" in res.stderr
+    assert "--alertmanager: " in res.stderr
+    assert "Traceback" not in res.stderr

@@ -29,7 +29,10 @@ T0=$SECONDS
 declare -A TOOK=()
 
 # ---- what is missing? ---------------------------------------------------------------------------
-APT_PKGS=(slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager)
+# mmdebstrap builds the images from Debian packages, skopeo pushes them, docker-registry is the
+# registry the push test pushes to; iptables is what kube-proxy and the CNI plugins program.
+APT_PKGS=(slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager
+  mmdebstrap skopeo docker-registry iptables)
 WITH_TOOLS=1
 if [[ "${AUTOHEAL_SKIP_TOOLS:-0}" == 1 ]]; then WITH_TOOLS=0; fi
 tools_todo=()

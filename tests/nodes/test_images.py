@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import socket
 import subprocess
 import tarfile
 import time
@@ -18,9 +19,13 @@ from images import oci
 from images.build import build
 from images.debian import BuildError
 from images.push import destination, push
-from tests.support import port_base, wait_for
+from tests.support import wait_for
 
-REGISTRY_PORT = port_base(27750)
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _tar(path: Path, files: dict[str, bytes]) -> Path:
@@ -87,20 +92,32 @@ def test_push_copies_an_image_to_a_registry_with_its_digest(tmp_path: Path) -> N
         if shutil.which(tool) is None:
             pytest.skip(f"PUSH NOT TESTED: {tool} is not installed (scripts/bootstrap.sh installs it)")
     img = build(["pause"])[0]
+    port = free_port()  # a fixed port may be held by anything on a shared CI machine
     config = tmp_path / "registry.yml"
     config.write_text(
         "version: 0.1\nlog: {level: warn}\n"
         f"storage: {{filesystem: {{rootdirectory: {tmp_path / 'store'}}}}}\n"
-        f"http: {{addr: '127.0.0.1:{REGISTRY_PORT}'}}\n"
+        f"http: {{addr: '127.0.0.1:{port}'}}\n"
     )
-    reg = subprocess.Popen(
-        ["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-    )
+    log = tmp_path / "registry.log"
+    with log.open("wb") as out:
+        reg = subprocess.Popen(
+            ["docker-registry", "serve", str(config)], stdout=out, stderr=subprocess.STDOUT
+        )
     try:
-        base = f"http://127.0.0.1:{REGISTRY_PORT}"
-        wait_for(lambda: httpx.get(f"{base}/v2/", timeout=1).status_code == 200, 30, "the registry")
-        pushed = push(img, f"127.0.0.1:{REGISTRY_PORT}/team", tls_verify=False)
-        assert pushed == f"127.0.0.1:{REGISTRY_PORT}/team/autoheal-pause@{img.digest}"
+        base = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            # A registry that exited (port taken, bad config) fails at once with its own words.
+            assert reg.poll() is None, f"docker-registry exited {reg.returncode}: {log.read_text()[-800:]}"
+            try:
+                return httpx.get(f"{base}/v2/", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(up, 60, "the registry")
+        pushed = push(img, f"127.0.0.1:{port}/team", tls_verify=False)
+        assert pushed == f"127.0.0.1:{port}/team/autoheal-pause@{img.digest}"
         r = httpx.get(
             f"{base}/v2/team/autoheal-pause/manifests/{img.tag}",
             headers={"Accept": oci.MANIFEST},

@@ -15,7 +15,10 @@ files, also after a failed or interrupted start, and never signals a recycled PI
 
 PKI (a CA, the API server's serving certificate, an admin client certificate and the
 service-account signing key) is generated per run with ``cryptography``; ``run_dir/kubeconfig``
-authenticates as ``system:masters``. Each start begins from an empty etcd.
+authenticates as ``system:masters``. Each start begins from an empty etcd. ServiceAccounts are
+real: the API server signs tokens (``--service-account-signing-key-file``, TokenRequest works), the
+ServiceAccount admission plugin gives pods projected tokens, and the controller manager creates
+each namespace's accounts and its ``kube-root-ca.crt``.
 """
 
 from __future__ import annotations
@@ -448,9 +451,11 @@ def _argv(
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
-            # KWOK pods run nothing, so they need no mounted token; without this, a pod created
-            # right after its namespace races the controller that creates the default account.
-            "--disable-admission-plugins=ServiceAccount",
+            # The ServiceAccount admission plugin stays on (the default set), as on any cluster:
+            # a pod gets its account's projected token (kube-api-access-*), signed with sa.key
+            # and valid for this issuer, so the runner in its pod authenticates as its own
+            # ServiceAccount (docs/architecture.md, "The runner in the cluster"). It refuses pods
+            # whose account does not exist yet: start_control_plane waits for default/default.
             "--max-requests-inflight=1000",
             "--max-mutating-requests-inflight=500",
             "--profiling=false",
@@ -584,12 +589,35 @@ def start_control_plane(
             run_dir=run_dir,
             port_base=port_base,
         )
+        wait_service_account(handle.kubeconfig, "default", "default", max(1.0, deadline - time.monotonic()))
         if nodes:
             add_nodes(handle, nodes, timeout=max(1.0, deadline - time.monotonic()))
         return handle
     except BaseException:
         stop_control_plane(run_dir)
         raise
+
+
+def wait_service_account(kubeconfig: Path, namespace: str, name: str, timeout: float = 60.0) -> None:
+    """Wait until the controller manager has created a ServiceAccount (each namespace's
+    `default` appears a moment after the namespace): the ServiceAccount admission plugin refuses
+    a pod whose account is missing, so a pod created right after `lab up` would otherwise race it."""
+    deadline = time.monotonic() + timeout
+    path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
+    with http_client(kubeconfig, pool=1, timeout=5) as http:
+        while True:
+            status = http.get(path).status_code
+            if status == 200:
+                return
+            if time.monotonic() > deadline:
+                log = procs.log_path(Path(kubeconfig).parent, "kube-controller-manager")
+                raise ControlPlaneError(
+                    "kube-controller-manager",
+                    f"ServiceAccount {namespace}/{name} not created after {timeout:.0f}s "
+                    f"(last GET: {status})",
+                    log if log.exists() else None,
+                )
+            time.sleep(0.1)
 
 
 # --- nodes ----------------------------------------------------------------------------------

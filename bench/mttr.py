@@ -14,7 +14,7 @@ the fault) beside the targets:
 The raw trials (each demo report, plus the runbook's per-task steps from the journal) are written
 to `<run dir>/mttr-<time>.json`, whose path is printed. The slowest runbook tasks are listed too.
 
-    .venv/bin/python bench/mttr.py [--trials 3] [--grace 30] [--port-base 24000] [--root DIR]
+    .venv/bin/python bench/mttr.py [--trials 3] [--grace 30] [--port-base 24000] [--root DIR] [--name mttr]
 """
 
 from __future__ import annotations
@@ -110,11 +110,12 @@ def main() -> None:
     ap.add_argument("--provision-delay", type=float, default=1.0)
     ap.add_argument("--timeout", type=float, default=300.0, help="per trial, seconds")
     ap.add_argument("--root", type=Path, default=None, help="lab root (default: a new tmp dir)")
+    ap.add_argument("--name", default="mttr", help="the lab's name (two benches side by side need two)")
     a = ap.parse_args()
     root = a.root or Path(tempfile.mkdtemp(prefix="autoheal-mttr-"))
     spares = 2
     cfg = LabConfig(
-        name="mttr",
+        name=a.name,
         root=root,
         port_base=a.port_base,
         pools=[PoolConfig(size=4, spares=spares, headroom=a.trials + 2)],

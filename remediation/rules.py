@@ -2,9 +2,11 @@
 
 A rules file is a list of rulesets, each with `rules`; a rule has a `condition`, an
 `action.run_playbook` (playbook name + static extra vars) and an optional `throttle`
-(`once_within`, `group_by_attributes`), so the same file reads like (and can be adapted to) an
-ansible-rulebook. autoheal-specific keys live under `autoheal:` (which labels name the node, GPU and
-XID, the fault class used for dedup, a per-rule dry run).
+(`once_within`, `group_by_attributes`), so ansible-rulebook accepts the same file (its schema
+refuses any other key in a rule; tests/packaging runs its validation on every shipped file).
+autoheal-specific keys therefore live in the action's extra vars, under `autoheal_routing` (which
+labels name the node, GPU and XID, the fault class used for dedup, a per-rule dry run): the runner
+reads them and never passes them to the play.
 
 Conditions are a strict subset of the rulebook language - label comparisons joined by `and`:
     event.alert.labels.alertname == "GpuXidFatal" and event.alert.labels.severity != "info"
@@ -38,6 +40,9 @@ CONTRACT_VARS = frozenset(
         "autoheal_stop_after",
     }
 )
+# The extra var holding a rule's autoheal settings (docs/operations.md, "Routing rules").
+ROUTING_VAR = "autoheal_routing"
+ROUTING_PATH = f"action.run_playbook.extra_vars.{ROUTING_VAR}"
 _VAR_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 _PLAYBOOK = re.compile(r"^(?:playbooks/)?([a-z0-9_][a-z0-9_-]{0,63}\.ya?ml)$")
 _LABEL = r"[a-zA-Z_][a-zA-Z0-9_]*"
@@ -115,7 +120,8 @@ class _RunPlaybook(BaseModel):
     @field_validator("extra_vars")
     @classmethod
     def _vars(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return {k: check_extra_var(k, x) for k, x in v.items()}
+        # the routing settings are a mapping read by parse_rules, not a play input
+        return {k: x if k == ROUTING_VAR else check_extra_var(k, x) for k, x in v.items()}
 
 
 class _Action(BaseModel):
@@ -160,7 +166,6 @@ class _Rule(BaseModel):
     condition: str
     action: _Action
     throttle: _Throttle = _Throttle()
-    autoheal: _AutohealOptions = _AutohealOptions()
     enabled: bool = True
 
     @field_validator("condition")
@@ -209,8 +214,23 @@ class Rules:
         return next((r for r in self.rules if r.matches(labels)), None)
 
 
-def _fmt(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(x) for x in e['loc']) or '<rule>'}: {e['msg']}" for e in exc.errors())
+def _fmt(exc: ValidationError, prefix: str = "") -> str:
+    def where(loc: tuple[int | str, ...]) -> str:
+        return ".".join(p for p in (prefix, *(str(x) for x in loc)) if p) or "<rule>"
+
+    return "; ".join(f"{where(e['loc'])}: {e['msg']}" for e in exc.errors())
+
+
+def _routing(r: _Rule, where: str) -> _AutohealOptions:
+    raw = r.action.run_playbook.extra_vars.get(ROUTING_VAR)
+    if raw is None:
+        return _AutohealOptions()
+    if not isinstance(raw, dict):
+        raise RulesError(f"{where}: {ROUTING_PATH}: must be a mapping (node_labels, gpu_label, ...)")
+    try:
+        return _AutohealOptions.model_validate(raw)
+    except ValidationError as exc:
+        raise RulesError(f"{where}: {_fmt(exc, ROUTING_PATH)}") from exc
 
 
 def parse_rules(data: Any, origin: str) -> Rules:
@@ -226,12 +246,18 @@ def parse_rules(data: Any, origin: str) -> Rules:
         for ri, raw in enumerate(ruleset.rules):
             label = raw.get("name") if isinstance(raw, dict) else None
             where = f"{origin}: ruleset {ruleset.name!r}, rule {label or '#' + str(ri + 1)!r}"
+            if isinstance(raw, dict) and "autoheal" in raw:
+                raise RulesError(
+                    f"{where}: autoheal: move this block to {ROUTING_PATH} "
+                    "(ansible-rulebook refuses keys a rulebook rule does not have)"
+                )
             try:
                 r = _Rule.model_validate(raw)
             except ValidationError as exc:
                 raise RulesError(f"{where}: {_fmt(exc)}") from exc
             if not r.enabled:
                 continue
+            opts = _routing(r, where)
             if r.name in names:
                 raise RulesError(f"{where}: name: another rule has the same name")
             names.add(r.name)
@@ -240,17 +266,19 @@ def parse_rules(data: Any, origin: str) -> Rules:
                     name=r.name,
                     terms=parse_condition(r.condition),
                     playbook=r.action.run_playbook.name,
-                    extra_vars=dict(r.action.run_playbook.extra_vars),
+                    extra_vars={
+                        k: v for k, v in r.action.run_playbook.extra_vars.items() if k != ROUTING_VAR
+                    },
                     dedup_window_seconds=(
                         parse_duration(r.throttle.once_within) if r.throttle.once_within else None
                     ),
                     group_by=tuple(a.rsplit(".", 1)[1] for a in r.throttle.group_by_attributes),
-                    node_labels=tuple(r.autoheal.node_labels),
-                    gpu_label=r.autoheal.gpu_label,
-                    xid_label=r.autoheal.xid_label,
-                    tier=r.autoheal.tier,
-                    fault_class=r.autoheal.fault_class or re.sub(r"[^a-z0-9_.-]+", "-", r.name.lower()),
-                    dry_run=r.autoheal.dry_run,
+                    node_labels=tuple(opts.node_labels),
+                    gpu_label=opts.gpu_label,
+                    xid_label=opts.xid_label,
+                    tier=opts.tier,
+                    fault_class=opts.fault_class or re.sub(r"[^a-z0-9_.-]+", "-", r.name.lower()),
+                    dry_run=opts.dry_run,
                 )
             )
     if not out:

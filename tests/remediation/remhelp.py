@@ -33,20 +33,29 @@ RULES = [
                 "action": {
                     "run_playbook": {
                         "name": "playbooks/gpu_fatal_xid.yml",
-                        "extra_vars": {"autoheal_grace_seconds": 5},
+                        "extra_vars": {
+                            "autoheal_grace_seconds": 5,
+                            "autoheal_routing": {
+                                "node_labels": ["node", "Hostname"],
+                                "fault_class": "gpu-fatal",
+                            },
+                        },
                     }
                 },
                 "throttle": {
                     "once_within": "15 minutes",
                     "group_by_attributes": ["event.alert.labels.Hostname"],
                 },
-                "autoheal": {"node_labels": ["node", "Hostname"], "fault_class": "gpu-fatal"},
             },
             {
                 "name": "GPU fatal XID rehearsal",
                 "condition": 'event.alert.labels.alertname == "GpuXidRehearsal"',
-                "action": {"run_playbook": {"name": "gpu_fatal_xid.yml"}},
-                "autoheal": {"dry_run": True},
+                "action": {
+                    "run_playbook": {
+                        "name": "gpu_fatal_xid.yml",
+                        "extra_vars": {"autoheal_routing": {"dry_run": True}},
+                    }
+                },
             },
         ],
     }

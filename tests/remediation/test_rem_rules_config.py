@@ -25,6 +25,9 @@ def test_shipped_example_rules_route_gpu_xid_fatal_to_the_runbook():
     rule = rules.route({"alertname": "GpuXidFatal", "Hostname": "gpu-1", "xid": "79"})
     assert rule is not None and rule.playbook == "gpu_fatal_xid.yml"
     assert rules.route({"alertname": "Other"}) is None
+    # the routing settings come from the action's extra vars and are not passed to the play
+    assert rule.fault_class == "gpu-fatal" and rule.node_labels == ("node", "Hostname")
+    assert rule.extra_vars == {"autoheal_grace_seconds": 120}
 
 
 def test_shipped_example_runner_config_loads(tmp_path):
@@ -55,7 +58,20 @@ def test_environment_overrides_config(tmp_path):
         ({"action": {"run_playbook": {"name": "x.yml", "extra_vars": {"a": "{{ evil }}"}}}}, "extra_vars"),
         ({"action": {"run_playbook": {"name": "x.yml", "extra_vars": {"a": [1, 2]}}}}, "extra_vars"),
         ({"throttle": {"once_within": "soon"}}, "throttle.once_within"),
-        ({"autoheal": {"dry_rn": True}}, "autoheal.dry_rn"),
+        (
+            {
+                "action": {
+                    "run_playbook": {"name": "x.yml", "extra_vars": {"autoheal_routing": {"dry_rn": True}}}
+                }
+            },
+            "action.run_playbook.extra_vars.autoheal_routing.dry_rn",
+        ),
+        (
+            {"action": {"run_playbook": {"name": "x.yml", "extra_vars": {"autoheal_routing": "yes"}}}},
+            "action.run_playbook.extra_vars.autoheal_routing: must be a mapping",
+        ),
+        # the pre-0.3 place, which ansible-rulebook refuses: the error says where it moved
+        ({"autoheal": {"dry_run": True}}, "autoheal: move this block to action.run_playbook.extra_vars"),
         ({"surprise": 1}, "surprise"),
     ],
 )

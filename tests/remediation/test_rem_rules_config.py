@@ -27,7 +27,7 @@ def test_shipped_example_rules_route_gpu_xid_fatal_to_the_runbook():
     assert rules.route({"alertname": "Other"}) is None
     # the routing settings come from the action's extra vars and are not passed to the play
     assert rule.fault_class == "gpu-fatal" and rule.node_labels == ("node", "Hostname")
-    assert rule.extra_vars == {"autoheal_grace_seconds": 120}
+    assert "autoheal_routing" not in rule.extra_vars
 
 
 def test_shipped_example_runner_config_loads(tmp_path):

@@ -1,13 +1,19 @@
 """RemediationRunner: the webhook receiver that turns alerts into Ansible runs, and its identity.
 
-It declares the runner's Deployment and Service, a ServiceAccount bound to a ClusterRole with
-exactly what the XID runbook does to a cluster, and nothing more:
+It declares the runner's Deployment and Service, a ServiceAccount with exactly what the XID runbook
+and the cordon sync do to a cluster, and nothing more. Cluster-wide (ClusterRole), because a failed
+node's pods live in any namespace:
 
-    nodes            get, list, patch   (read the node, cordon, taint, label, promote a spare)
-    pods             list               (find the node's pods: opt-out labels, drain)
-    pods/eviction    create             (drain through the Eviction API, PDB-aware)
-    events           create             (audit: a Kubernetes Event on the node)
+    nodes            get, list, watch, patch  (read, cordon, taint, label, promote a spare; the
+                                               cordon sync watches nodes cordoned by hand)
+    pods             get, list                (opt-out labels, drain: kubernetes.core.k8s_drain
+                                               lists the node's pods, then GETs each until gone)
+    pods/eviction    create                   (drain through the Eviction API, PDB-aware)
 
+In the audit namespace only (Role): events get, list, create (the audit role lists the Events
+autoheal already wrote, so a rerun creates none twice, and creates the missing ones). Nothing
+else: no secrets, no pod create/delete/exec, no node create/delete (the replacement backend
+retires nodes with its own cloud identity). tests/k8s_runner proves it on a real API server.
 No wildcard verbs, resources or API groups (the policy pack rejects them anywhere in the stack).
 The webhook's bearer token is generated (components.secrets.RandomSecret) into a Secret
 (`autoheal-runner-token`, key `token`): the runner reads it from a mounted file, Alertmanager
@@ -41,13 +47,21 @@ JOURNAL_DIR = "/var/lib/autoheal"
 CONFIG_DIR = "/etc/autoheal/config"
 PLAYBOOK_DIR = "/etc/autoheal/playbooks"
 
-# (apiGroups, resources, verbs): the runbook's needs, spelled out; tests pin this exactly.
-RUNNER_RBAC_RULES: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
-    (("",), ("nodes",), ("get", "list", "patch")),
-    (("",), ("pods",), ("list",)),
+Rule = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]  # (apiGroups, resources, verbs)
+# The runbook's needs, spelled out; tests pin these exactly and replay them on a real API server.
+RUNNER_RBAC_RULES: tuple[Rule, ...] = (
+    (("",), ("nodes",), ("get", "list", "watch", "patch")),
+    (("",), ("pods",), ("get", "list")),
     (("",), ("pods/eviction",), ("create",)),
-    (("",), ("events",), ("create",)),
 )
+RUNNER_EVENT_RULES: tuple[Rule, ...] = ((("",), ("events",), ("get", "list", "create")),)
+
+
+def _policy_rules(rules: tuple[Rule, ...]) -> list[k8s.rbac.v1.PolicyRuleArgs]:
+    return [
+        k8s.rbac.v1.PolicyRuleArgs(api_groups=list(groups), resources=list(resources), verbs=list(verbs))
+        for groups, resources, verbs in rules
+    ]
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,7 @@ class RemediationRunnerArgs:
     dry_run: bool = False
     journal_size: str = "1Gi"
     journal_storage_class: str | None = None
+    event_namespace: str = "default"  # where the audit role writes its Events (audit_event_namespace)
     service_type: str = "ClusterIP"
     token_bytes: int = 32
     wait_for_rollout: bool = True
@@ -123,34 +138,40 @@ class RemediationRunner(pulumi.ComponentResource):
         return kube.meta(obj, self._args.namespace, self.labels, annotations)
 
     def _identity(self) -> pulumi.Output[str]:
-        """A ServiceAccount bound to a ClusterRole that grants RUNNER_RBAC_RULES, nothing more."""
+        """A ServiceAccount with RUNNER_RBAC_RULES cluster-wide and RUNNER_EVENT_RULES in the
+        event namespace, nothing more."""
         sa = k8s.core.v1.ServiceAccount(
             f"{self._name}-sa", metadata=self._meta(RUNNER_NAME), opts=child(self)
         )
+        subjects = [
+            k8s.rbac.v1.SubjectArgs(
+                kind="ServiceAccount", name=sa.metadata.name, namespace=self._args.namespace
+            )
+        ]
         self.cluster_role = k8s.rbac.v1.ClusterRole(
             f"{self._name}-role",
             metadata=kube.meta(RUNNER_NAME, None, self.labels),
-            rules=[
-                k8s.rbac.v1.PolicyRuleArgs(
-                    api_groups=list(groups), resources=list(resources), verbs=list(verbs)
-                )
-                for groups, resources, verbs in RUNNER_RBAC_RULES
-            ],
+            rules=_policy_rules(RUNNER_RBAC_RULES),
             opts=child(self),
         )
         k8s.rbac.v1.ClusterRoleBinding(
             f"{self._name}-binding",
             metadata=kube.meta(RUNNER_NAME, None, self.labels),
-            role_ref=k8s.rbac.v1.RoleRefArgs(
-                api_group="rbac.authorization.k8s.io",
-                kind="ClusterRole",
-                name=self.cluster_role.metadata.name,
-            ),
-            subjects=[
-                k8s.rbac.v1.SubjectArgs(
-                    kind="ServiceAccount", name=sa.metadata.name, namespace=self._args.namespace
-                )
-            ],
+            role_ref=_role_ref("ClusterRole", self.cluster_role.metadata.name),
+            subjects=subjects,
+            opts=child(self),
+        )
+        events = k8s.rbac.v1.Role(
+            f"{self._name}-events-role",
+            metadata=kube.meta(f"{RUNNER_NAME}-events", self._args.event_namespace, self.labels),
+            rules=_policy_rules(RUNNER_EVENT_RULES),
+            opts=child(self),
+        )
+        k8s.rbac.v1.RoleBinding(
+            f"{self._name}-events-binding",
+            metadata=kube.meta(f"{RUNNER_NAME}-events", self._args.event_namespace, self.labels),
+            role_ref=_role_ref("Role", events.metadata.name),
+            subjects=subjects,
             opts=child(self),
         )
         return sa.metadata.name
@@ -239,6 +260,10 @@ class RemediationRunner(pulumi.ComponentResource):
         return pulumi.Output.all(service.metadata.name, service.metadata.namespace).apply(
             lambda a: f"http://{a[0]}.{a[1]}.svc:{args.service_port}{args.webhook_path}"
         )
+
+
+def _role_ref(kind: str, name: pulumi.Input[str]) -> k8s.rbac.v1.RoleRefArgs:
+    return k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind=kind, name=name)
 
 
 def runner_settings(args: RemediationRunnerArgs) -> dict[str, Any]:

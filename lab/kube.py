@@ -456,6 +456,12 @@ def _argv(
             # and valid for this issuer, so the runner in its pod authenticates as its own
             # ServiceAccount (docs/architecture.md, "The runner in the cluster"). It refuses pods
             # whose account does not exist yet: start_control_plane waits for default/default.
+            # who changed what (writes only, metadata level): proves which identity acted,
+            # e.g. that the runbook cordoned and evicted as the runner's ServiceAccount
+            f"--audit-policy-file={run_dir / 'audit-policy.yaml'}",
+            f"--audit-log-path={run_dir / 'logs' / 'audit.log'}",
+            "--audit-log-maxsize=100",
+            "--audit-log-maxbackup=1",
             "--max-requests-inflight=1000",
             "--max-mutating-requests-inflight=500",
             "--profiling=false",
@@ -496,6 +502,32 @@ def _argv(
             "--cidr=10.244.0.0/16",
         ],
     }
+
+
+# Writes at metadata level; not the heartbeats (leases, node and pod status), which on 2,000
+# KWOK nodes would be most of the log and of its cost, and no reads.
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: None
+    verbs: [get, list, watch]
+  - level: None
+    resources:
+      - group: ""
+        resources: [nodes/status, pods/status]
+      - group: coordination.k8s.io
+        resources: [leases]
+  - level: Metadata
+"""
+
+
+def audit_log(run_dir: Path) -> list[dict[str, Any]]:
+    """The API server's audit events so far (who did which write), oldest first."""
+    path = Path(run_dir) / "logs" / "audit.log"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 # KWOK's defaults (4 workers each) make 2,000 nodes take minutes to turn Ready.
@@ -571,6 +603,7 @@ def start_control_plane(
         generate_pki(run_dir / "pki")
         _write_kubeconfig(run_dir / "kubeconfig", run_dir / "pki", api_url)
         _write_kwok_config(run_dir)
+        (run_dir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         argv = _argv(run_dir, ports, len(nodes), advertise_address)
         checks = _health_checks(run_dir, ports)
         started: dict[str, procs.Proc] = {}

@@ -13,24 +13,39 @@ from tests.components.harness import FAKE_SECRET, env_of, pod_spec, run_program
 CLUSTER_ROLE = "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"
 
 
-def test_cluster_role_grants_exactly_what_the_runbook_needs(lab):
-    role = lab.one(CLUSTER_ROLE, "autoheal-runner")
-    granted = {
+def _granted(role) -> set[tuple[str, str, str]]:
+    return {
         (group, resource, verb)
         for rule in role.inputs["rules"]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    assert granted == {
+
+
+def test_cluster_role_grants_exactly_what_the_runbook_needs(lab):
+    role = lab.one(CLUSTER_ROLE, "autoheal-runner")
+    assert _granted(role) == {
         ("", "nodes", "get"),
         ("", "nodes", "list"),
+        ("", "nodes", "watch"),
         ("", "nodes", "patch"),
+        ("", "pods", "get"),
         ("", "pods", "list"),
         ("", "pods/eviction", "create"),
-        ("", "events", "create"),
     }
     assert len(role.inputs["rules"]) == len(RUNNER_RBAC_RULES)
+
+
+def test_events_are_granted_in_the_audit_namespace_only(lab):
+    role = lab.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "autoheal-runner-events")
+    assert role.inputs["metadata"]["namespace"] == "default"
+    assert _granted(role) == {("", "events", "get"), ("", "events", "list"), ("", "events", "create")}
+    binding = lab.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "autoheal-runner-events")
+    assert binding.inputs["roleRef"]["kind"] == "Role"
+    assert binding.inputs["subjects"] == [
+        {"kind": "ServiceAccount", "name": "autoheal-runner", "namespace": "autoheal"}
+    ]
 
 
 def test_no_role_in_the_stack_has_a_wildcard(lab):

@@ -146,9 +146,8 @@ def test_up_creates_the_stack_in_the_cluster(pulumi: Run, api: Any) -> None:
     assert "NodeName=gpu-[5-6] CPUs=2 RealMemory=1000 Gres=gpu:h100:8 Feature=pool_h100 State=DRAIN" in conf
     role: Any = RbacAuthorizationV1Api(api).read_cluster_role("autoheal-runner")
     assert sorted((r.resources[0], tuple(r.verbs)) for r in role.rules) == [
-        ("events", ("create",)),
-        ("nodes", ("get", "list", "patch")),
-        ("pods", ("list",)),
+        ("nodes", ("get", "list", "watch", "patch")),
+        ("pods", ("get", "list")),
         ("pods/eviction", ("create",)),
     ]
     sts = apps.read_namespaced_stateful_set("slurmctld", "slurm")

@@ -82,7 +82,7 @@ def test_cordon_and_taint_by_hand_drain_in_slurm_and_lifting_them_resumes(
     lab = kube_lab
     journal = SyncJournal(tmp_path / "cordon-sync.jsonl")
     sync = CordonSync(
-        KubeNodes(runner_identity.kubeconfig), SlurmCli(lab.slurm_conf), journal, resync_seconds=5
+        KubeNodes(runner_identity.kubeconfig), SlurmCli(lab.slurm_conf), journal, resync_seconds=8
     )
     lab.slurm("scontrol", "update", "nodename=gpu-2", "state=drain", "reason=admin: bios update")
     sync.start()

@@ -96,7 +96,7 @@ def monitoring_render(
 
 @app.command("xids")
 def xids(json_: JsonOpt = False) -> None:
-    """List the XID catalogue: XID, action tier, name."""
+    """List the XID catalogue: XID, NVIDIA's resolution bucket, the ladder's rung, name."""
     from autoheal.xid import load_catalog
 
     cat = load_catalog()
@@ -104,8 +104,8 @@ def xids(json_: JsonOpt = False) -> None:
         out.print_json(cat.model_dump_json())
         return
     t = Table(title=f"XID catalogue v{cat.version} ({cat.source})")
-    for col in ("xid", "tier", "name"):
+    for col in ("xid", "bucket", "tier", "name"):
         t.add_column(col)
     for e in cat.xids:
-        t.add_row(str(e.xid), e.tier.value, e.name)
+        t.add_row(str(e.xid), e.bucket.value, e.tier.value, e.name)
     out.print(t)

@@ -45,19 +45,23 @@ def lost_gpu_expr(metric: str = XID_METRIC, window: str = LOST_GPU_WINDOW) -> st
 
 
 def render_xid_rules(catalog: XidCatalog | None = None, for_: str = "0s") -> dict[str, Any]:
-    """Two rule groups: one GpuXidFatal rule per acting tier, labelled with tier and the XID
-    (source dcgm), and the lost-GPU rule (source lost-gpu), a fatal fault on the GPU that stopped
-    reporting, named XID 79 because that is what a GPU vanishing from the bus is."""
+    """Two rule groups: one GpuXidFatal rule per acting rung (an unknown XID: quarantine), labelled
+    with tier and the XID (source dcgm), and the lost-GPU rule (source lost-gpu), a fatal fault on
+    the GPU that stopped reporting, named XID 79 because that is what a GPU vanishing from the bus is."""
     cat = catalog or load_catalog()
     rules: list[dict[str, Any]] = []
-    for tier in (Tier.REPLACE, Tier.RESET):
-        xids = cat.xids_of(tier)
-        if not xids:
-            continue
+    acting = [t for t in reversed(Tier) if t is not Tier.NOTIFY]
+    exprs = {t: xid_expr(cat.xids_of(t)) for t in acting if cat.xids_of(t)}
+    # an XID the catalogue does not know fails safe (quarantine), never silence
+    known = " or ".join(f"{XID_METRIC} == {e.xid}" for e in cat.xids)
+    unknown = f"{XID_METRIC} > 0 unless ({known})"
+    listed = exprs.get(Tier.QUARANTINE)
+    exprs[Tier.QUARANTINE] = f"{listed} or ({unknown})" if listed else unknown
+    for tier, expr in exprs.items():
         rules.append(
             {
                 "alert": FATAL_ALERT,
-                "expr": xid_expr(xids),
+                "expr": expr,
                 "for": for_,
                 "labels": {
                     "severity": "critical",

@@ -39,7 +39,7 @@ INCIDENT_ID_RE = re.compile(r"^(?:inc|man)-[0-9a-f]{12}$")
 PHASE_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 PLAYBOOK_RE = re.compile(r"^[a-z0-9_][a-z0-9_-]{0,63}\.ya?ml$")
 EVENT_STATUSES = frozenset({"start", "ok", "failed"})
-PLAY_TIERS = frozenset({"reset", "replace"})
+PLAY_TIERS = frozenset({"restart_app", "reset", "reboot", "replace", "quarantine"})  # the ladder's rungs
 STOP_AFTER = frozenset({"", "fenced"})
 _STEP_END = {
     "runner_on_ok": "ok",

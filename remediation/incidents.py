@@ -94,12 +94,12 @@ class DeliveryResult:
 
 
 def classify(rule: Rule, catalog: XidCatalog, xid: int, detail: XidDetail) -> Tier:
-    """The action tier of a fault: the rule's, else the catalogue's for the XID. `detail` holds
-    the decoded facts NVIDIA's resolution rules need (154's recovery action, 144-150's subcodes);
-    the catalogue does not key on them yet (docs/architecture.md, "Fault classes and the recovery
-    ladder"), so today they are recorded, not used."""
-    del detail
-    return rule.tier or catalog.tier_of(xid)
+    """The rung of a fault: the rule's when it names one, else the catalogue's resolution of the
+    XID with the decoded facts of its message (154's recovery action, 144-150's subcode severity;
+    autoheal.xid.XidCatalog.resolve). Facts that are missing or did not validate fall back to the
+    XID's most cautious rung, and an XID the catalogue does not know is quarantined
+    (docs/architecture.md, "Fault classes and the recovery ladder")."""
+    return rule.tier or catalog.resolve(xid, detail).tier
 
 
 def normalise(alert: Alert, rule: Rule, catalog: XidCatalog) -> Incident | Rejected:

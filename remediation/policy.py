@@ -4,7 +4,9 @@ The order of checks is the order of harm avoided:
   notify tier     -> tell a human, run nothing;
   per-node cap    -> a node failing more than K times in a window is quarantined (fence + page),
                      no more automatic loops;
-  escalation      -> a `reset` fault repeating past the catalogue's threshold becomes `replace`;
+  escalation      -> a fault repeating on its node past the catalogue's threshold climbs one rung of
+                     the recovery ladder (restart_app -> reset -> reboot -> replace), and an
+                     application XID (13, 31) repeating on one GPU is reset and validated;
   opt-out         -> a node label or a labelled pod on the node: fence + notify only;
   circuit breaker -> once open (latched), nothing new runs until a human resets it;
   budgets         -> at most N nodes, and at most P% of the node's pool (never below 1), in
@@ -128,9 +130,16 @@ class Policy:
         esc = self.catalog.escalation
         repeats = self.journal.count_node_incidents(inc.node, now - esc.window_seconds)
         reason = "admitted"
-        if tier is Tier.RESET and repeats >= esc.repeats:
-            tier = Tier.REPLACE
-            reason = f"escalated to replace: {repeats} incidents in {esc.window_seconds}s"
+        diag = self.catalog.diagnose_on_repeat
+        if tier is Tier.RESTART_APP and inc.xid in diag.xids:
+            since = now - diag.window_seconds
+            same_gpu = self._gpu_repeats(inc, diag.xids, since)
+            if same_gpu >= diag.repeats:
+                tier = Tier.RESET
+                reason = f"escalated to reset (diagnostics): XID {inc.xid} {same_gpu} times on GPU {inc.gpu}"
+        if tier.next_rung() is not tier and repeats >= esc.repeats:
+            tier = tier.next_rung()
+            reason = f"escalated to {tier.value}: {repeats} incidents in {esc.window_seconds}s"
         node_opted = label_is_set(rnd.opted.get(inc.node, {}), cfg.opt_out_label)
         opt_out = node_opted or inc.node in rnd.opted_pods
         if opt_out:
@@ -141,6 +150,20 @@ class Policy:
             reason = f"quarantine: {count} incidents in {cap.window_seconds}s (cap {cap.max_incidents})"
             return tier, "quarantine", True, reason
         return tier, "admit", opt_out, reason
+
+    def _gpu_repeats(self, inc: IncidentRecord, xids: tuple[int, ...], since: float) -> int:
+        """Incidents of `xids` on the GPU of `inc` since `since` (itself included; manual runs
+        do not count). Reads the journal's recent incidents: this rule is rare and small."""
+        if inc.gpu is None:
+            return 0
+        return sum(
+            1
+            for i in self.journal.incidents(limit=1000)
+            if (i.node, i.gpu) == (inc.node, inc.gpu)
+            and i.xid in xids
+            and i.opened_at >= since
+            and i.source != "manual"
+        )
 
     def _over_budget(self, node: str, rnd: _Round) -> str | None:
         """Why admitting `node` would exceed the fleet or pool budget (a storm), or None."""

@@ -20,7 +20,7 @@ def test_fatal_xid_reaches_the_webhook_within_5s_with_its_labels(lab, sink):
     alert = next(a for a in d.payload["alerts"] if a["labels"]["Hostname"] == "gpu-2")
     assert d.payload["version"] == "4"
     assert alert["labels"]["alertname"] == "GpuXidFatal"
-    assert alert["labels"]["gpu"] == "3" and alert["labels"]["tier"] == "replace"
+    assert alert["labels"]["gpu"] == "3" and alert["labels"]["tier"] == "reboot"
     assert alert["labels"]["modelName"] == "NVIDIA H100 80GB HBM3"
     assert d.authorization.startswith("Bearer ")
     assert d.at - t0 < 5

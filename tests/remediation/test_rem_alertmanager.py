@@ -135,7 +135,7 @@ def test_real_alertmanager_delivers_duplicates_as_one_incident(runner, alertmana
     )
     time.sleep(1.5)
     [inc] = rt.journal.incidents()
-    assert (inc.node, inc.xid, inc.tier) == ("gpu-5", 79, "replace")
+    assert (inc.node, inc.xid, inc.tier) == ("gpu-5", 79, "reboot")
     assert inc.resolved_alerts >= 1 and inc.alert_count >= 3
     assert {a["incident_id"] for a in rt.journal.alerts()} == {inc.id}
     assert 'code="401"' not in rt.metrics.exposition().decode()

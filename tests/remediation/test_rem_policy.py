@@ -120,7 +120,7 @@ def test_node_over_its_incident_cap_is_quarantined(config_factory, journal):
     assert d.action == "quarantine" and d.opt_out and "quarantine" in d.reason
 
 
-def test_repeated_reset_faults_escalate_to_replace(config_factory, journal):
+def test_repeated_reset_faults_climb_one_rung_to_reboot(config_factory, journal):
     cfg = config_factory(node_cap={"max_incidents": 10, "window_seconds": 3600})
     repeats = load_catalog().escalation.repeats
     for _ in range(repeats - 1):
@@ -129,7 +129,7 @@ def test_repeated_reset_faults_escalate_to_replace(config_factory, journal):
             tx.set_state(iid, "completed", "done")
     _open(journal, "gpu-1", xid=48, tier="reset")
     [d] = _decide(cfg, journal, FakeKube())[0]
-    assert d.action == "admit" and d.tier == "replace" and "escalated" in d.reason
+    assert d.action == "admit" and d.tier == "reboot" and "escalated" in d.reason
 
 
 def test_first_reset_fault_stays_reset(config_factory, journal):

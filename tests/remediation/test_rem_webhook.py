@@ -32,7 +32,7 @@ def test_real_alertmanager_fixture_is_accepted_and_journaled(rt, client):
     assert r.status_code == 200
     [iid] = r.json()["created"]
     inc = rt.journal.incident(iid)
-    assert (inc.node, inc.xid, inc.gpu, inc.tier, inc.state) == ("gpu-2", 79, 3, "replace", "pending")
+    assert (inc.node, inc.xid, inc.gpu, inc.tier, inc.state) == ("gpu-2", 79, 3, "reboot", "pending")
     assert inc.fingerprint == "82b4c842f8005a4b"
     assert [t.phase for t in rt.journal.timeline(iid)] == ["received"]
 

@@ -64,13 +64,13 @@ def test_incident_runs_the_play_and_records_timeline_steps_and_metrics(serve, ef
     assert {s["task"] for s in rt.journal.steps(run.id)} >= {"Run the phases"}
     ev = _extravars(rt, run.id)
     assert ev["autoheal_nodes"] == ["gpu-1"] and ev["autoheal_incident_ids"] == [iid]
-    assert (ev["autoheal_xid"], ev["autoheal_gpu"], ev["autoheal_tier"]) == (79, 3, "replace")
+    assert (ev["autoheal_xid"], ev["autoheal_gpu"], ev["autoheal_tier"]) == (79, 3, "reboot")
     assert ev["autoheal_opt_out"] is False and ev["autoheal_dry_run"] is False
     assert ev["autoheal_grace_seconds"] == 5  # the rule's value wins over the runner's
     assert ev["autoheal_slurm_conf"] == "/etc/slurm/slurm.conf"
     assert effect_lines(effects)[0] == "fenced gpu-1"
     text = client.get("/metrics").text
-    assert 'autoheal_incidents_total{outcome="completed",tier="replace"} 1.0' in text
+    assert 'autoheal_incidents_total{outcome="completed",tier="reboot"} 1.0' in text
     assert 'autoheal_incident_phase_duration_seconds_count{phase="fenced"} 1.0' in text
     assert 'autoheal_playbook_runs_total{status="successful"} 1.0' in text
 

@@ -21,14 +21,17 @@ def test_shipped_file_matches_the_catalogue(name):
     assert on_disk == shipped_files()[name], f"monitoring/{name} drifted: run `autoheal monitoring render`"
 
 
-def test_rule_expressions_name_exactly_the_fatal_xids():
+def test_rule_expressions_name_exactly_the_acting_xids_and_unknown_ones_quarantine():
     rules = render_xid_rules()["groups"][0]["rules"]
-    by_tier = {r["labels"]["tier"]: {int(x) for x in re.findall(r"== (\d+)", r["expr"])} for r in rules}
+    exprs = {r["labels"]["tier"]: r["expr"] for r in rules}
+    listed, unknown = exprs["quarantine"].split(" or (DCGM_FI_DEV_XID_ERRORS > 0 unless (", 1)
+    exprs["quarantine"] = listed
+    by_tier = {t: {int(x) for x in re.findall(r"== (\d+)", e)} for t, e in exprs.items()}
     cat = load_catalog()
-    assert by_tier == {
-        "replace": set(cat.xids_of(Tier.REPLACE)),
-        "reset": set(cat.xids_of(Tier.RESET)),
-    }
+    acting = [t for t in Tier if t is not Tier.NOTIFY and cat.xids_of(t)]
+    assert by_tier == {t.value: set(cat.xids_of(t)) for t in acting}
+    # the fail-safe rule excludes every XID the catalogue knows, notify-only ones included
+    assert {int(x) for x in re.findall(r"== (\d+)", unknown)} == {e.xid for e in cat.xids}
 
 
 def test_alertmanager_route_sends_a_bearer_token_from_a_file():

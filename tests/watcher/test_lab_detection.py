@@ -77,7 +77,7 @@ def test_xid_79_with_the_gpu_vanishing_fires_through_the_watcher_and_the_lost_gp
         [alert] = [
             a for d in sink.deliveries for a in d.payload["alerts"] if a["labels"].get("source") == "lost-gpu"
         ][:1]
-        assert alert["labels"]["tier"] == "replace" and alert["labels"]["UUID"].startswith("GPU-")
+        assert alert["labels"]["tier"] == "reboot" and alert["labels"]["UUID"].startswith("GPU-")
         # the metric path never saw an XID
         assert not firing(lab, Hostname="gpu-2", source="dcgm")
     finally:
@@ -85,14 +85,15 @@ def test_xid_79_with_the_gpu_vanishing_fires_through_the_watcher_and_the_lost_gp
 
 
 def test_a_masked_xid_79_then_13_is_caught_by_the_watcher(lab, sink):
-    """79 then 13 within one scrape: the gauge holds 13 (notify-only) when Prometheus looks."""
+    """79 then 13 within one scrape: the gauge holds 13 (restart_app) when Prometheus looks."""
     t0 = time.time()
     sim(lab, "/v1/xid", {"node": "gpu-1", "gpu": 5, "xid": 79})
     sim(lab, "/v1/xid", {"node": "gpu-1", "gpu": 5, "xid": 13})
     try:
         sink.wait_for({"Hostname": "gpu-1", "gpu": "5", "xid": "79", "source": "watcher"}, 5, since=t0)
         time.sleep(3)  # several scrapes and evaluations at the lab's 1 s interval
-        assert not firing(lab, Hostname="gpu-1", gpu="5"), "the rule saw 13 only: it must stay silent"
+        # the rule saw 13 only: at most a restart_app alert, never the 79
+        assert not firing(lab, Hostname="gpu-1", gpu="5", xid="79", source="dcgm"), "the rule saw 13 only"
     finally:
         sim(lab, "/v1/clear", {"node": "gpu-1"})
 

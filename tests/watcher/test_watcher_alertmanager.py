@@ -28,7 +28,7 @@ def test_xid_79_reaches_the_webhook_with_the_rules_labels(am: Am, tmp_path, watc
     [alert] = [a for a in d.payload["alerts"] if a["labels"].get("source") == "watcher"]
     labels = alert["labels"]
     assert labels["alertname"] == "GpuXidFatal"
-    assert (labels["severity"], labels["tier"]) == ("critical", "replace")
+    assert (labels["severity"], labels["tier"]) == ("critical", "reboot")
     assert labels["UUID"] == "GPU-00000003-1111-2222-3333-000000000003"
     assert labels["pci_bus_id"] == bus(3)
     assert alert["annotations"]["message"] == "GPU has fallen off the bus."
@@ -36,7 +36,7 @@ def test_xid_79_reaches_the_webhook_with_the_rules_labels(am: Am, tmp_path, watc
 
 
 def test_masked_xid_79_then_13_is_still_caught(am: Am, tmp_path, watcher_factory):
-    """The gauge would end at 13 (notify) before any scrape; the kernel log keeps both lines."""
+    """The gauge would end at 13 (restart_app) before any scrape; the kernel log keeps both lines."""
     kmsg = KmsgFile(tmp_path / "kmsg")
     w = watcher_factory(am.url, kmsg.path)
     t0 = time.time()
@@ -45,8 +45,9 @@ def test_masked_xid_79_then_13_is_still_caught(am: Am, tmp_path, watcher_factory
     wait_for(
         lambda: w.metric('autoheal_watcher_events_total{code="13",kind="xid"}') == 1, 5, "XID 13 counted"
     )
-    # 13 is an application error: counted, never posted
-    assert not am.alerts(xid="13")
+    # 13 is an application error: posted on its own rung (restart the job; the node stays in service)
+    am.sink.wait_for({"Hostname": "gpu-2", "gpu": "5", "xid": "13"}, 10, since=t0)
+    assert {a["labels"]["tier"] for a in am.alerts(xid="13")} == {"restart_app"}
 
 
 def test_garbage_truncated_interleaved_unknown_and_unmapped(am: Am, tmp_path, watcher_factory):
@@ -56,7 +57,7 @@ def test_garbage_truncated_interleaved_unknown_and_unmapped(am: Am, tmp_path, wa
     kmsg.write(
         "NVRM: Xid (PCI:0000:3b",  # truncated
         "NVRM: Xid (PCI:0000:28:00): abc, pid=1",  # not a number
-        "NVRM: Xid (PCI:0000:28:00): 999, pid=1, an XID nobody knows",  # unknown: notify tier
+        "NVRM: Xid (PCI:0000:28:00): 999, pid=1, an XID nobody knows",  # unknown: fails safe
         "\x00\x01\x02 NVRM: \x7f\xff",  # control bytes
         "NVRM: Xid (PCI:0000:38:00): 48, pid=NVRM: Xid (PCI:0000:48:00): 79, pid=7, name=x, GPU has fallen off",
         _xid(9, 79, "GPU has fallen off the bus."),  # bus 0000:a8:00 is no GPU of this node
@@ -72,13 +73,15 @@ def test_garbage_truncated_interleaved_unknown_and_unmapped(am: Am, tmp_path, wa
     unmapped = am.sink.wait_for({"pci_bus_id": "0000:a8:00", "xid": "79"}, 10, since=t0)
     [a] = [x for x in unmapped.payload["alerts"] if x["labels"].get("pci_bus_id") == "0000:a8:00"]
     assert "gpu" not in a["labels"] and "not in this node's GPU map" in a["annotations"]["summary"]
-    assert not am.alerts(xid="999")
+    # an XID the catalogue does not know is quarantined (fence + page), never silently notified
+    am.sink.wait_for({"xid": "999"}, 10, since=t0)
+    assert {a["labels"]["tier"] for a in am.alerts(xid="999")} == {"quarantine"}
     wait_for(lambda: w.metric("autoheal_watcher_records_garbage") >= 3, 5, "garbage counted")
     assert w.proc.poll() is None
 
 
 def test_a_flood_is_one_alert_and_no_crash(am: Am, tmp_path, watcher_factory):
-    """One faulty GPU printing thousands of lines a second: one alert, a handful of posts."""
+    """One faulty GPU printing thousands of lines a second: one alert per fault, a handful of posts."""
     kmsg = KmsgFile(tmp_path / "kmsg")
     w = watcher_factory(am.url, kmsg.path)
     t0 = time.time()
@@ -88,8 +91,9 @@ def test_a_flood_is_one_alert_and_no_crash(am: Am, tmp_path, watcher_factory):
     am.sink.wait_for({"gpu": "4", "xid": "79"}, 10, since=t0)
     wait_for(lambda: w.metric("autoheal_watcher_records_read") >= 10000, 60, "the flood to be read")
     took = time.time() - t0
-    assert w.metric("autoheal_watcher_alerts_posted_total") == 1
-    assert w.metric('autoheal_watcher_alerts_offered_total{outcome="dedup"}') == 4999
+    # one alert per fault (79, and 13 on its restart_app rung), each flood deduplicated
+    wait_for(lambda: w.metric("autoheal_watcher_alerts_posted_total") == 2, 10, "both alerts posted")
+    assert w.metric('autoheal_watcher_alerts_offered_total{outcome="dedup"}') == 2 * 4999
     assert len(am.alerts(xid="79")) == 1
     print(f"10,000 lines read and handled in {took:.2f}s")
 

@@ -19,6 +19,7 @@ from rich.text import Text
 from autoheal.errors import AutohealError
 from remediation.config import RunnerConfig, load_config
 from remediation.journal import STATES, Journal
+from remediation.states import IncidentState
 
 ConfigOpt = Annotated[
     Path,
@@ -216,7 +217,7 @@ def breaker_status(config: ConfigOpt = DEFAULT_CONFIG, as_json: JsonOpt = False)
 
     journal = _journal(config)
     state = breaker_state(journal)
-    held = len(journal.incidents(["held"]))
+    held = len(journal.incidents([IncidentState.HELD]))
     if as_json:
         _print_json({**state.as_dict(), "held_incidents": held})
         return
@@ -296,7 +297,7 @@ def run(
         _print_json(inc.as_dict())
     else:
         typer.echo(f"{inc.id}: {inc.state} ({inc.reason})")
-    if inc.state != "completed":
+    if inc.state is not IncidentState.COMPLETED:
         raise typer.Exit(1)
 
 

@@ -43,3 +43,7 @@ class NodeBusyError(ExecutionError):
 
 class KubeError(RemediationError):
     """The Kubernetes API could not be read for labels or pool membership."""
+
+
+class IllegalTransition(JournalError):
+    """An incident state change the state machine does not allow (remediation/states.py)."""

@@ -34,6 +34,7 @@ from autoheal import proc
 from autoheal.errors import ValidationError
 from autoheal.names import validate_node_name
 from remediation.errors import ExecutionError, NodeBusyError
+from remediation.states import RunStatus
 
 INCIDENT_ID_RE = re.compile(r"^(?:inc|man)-[0-9a-f]{12}$")
 PHASE_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
@@ -201,7 +202,7 @@ class NodeLocks:
 
 @dataclass
 class RunOutcome:
-    status: str  # successful | failed | timeout | canceled | error
+    status: RunStatus
     rc: int | None
     detail: str = ""
 
@@ -276,13 +277,13 @@ class Executor:
                 rotate_artifacts=1,
             )
         except Exception as exc:  # ansible-runner raises on bad config, missing binaries
-            return RunOutcome("error", None, f"ansible-runner failed to start: {exc}")
+            return RunOutcome(RunStatus.ERROR, None, f"ansible-runner failed to start: {exc}")
         on_tick()
-        status = str(runner.status)
-        detail = watch.reason if status in ("canceled", "timeout") else ""
-        if status == "canceled" and watch.step_timed_out:
-            status = "timeout"
-        if status == "timeout" and not detail:
+        status = RunStatus.from_runner(str(runner.status))
+        detail = watch.reason if status in (RunStatus.CANCELLED, RunStatus.TIMEOUT) else ""
+        if status is RunStatus.CANCELLED and watch.step_timed_out:
+            status = RunStatus.TIMEOUT
+        if status is RunStatus.TIMEOUT and not detail:
             detail = f"run exceeded {self.run_timeout}s"
         return RunOutcome(status, runner.rc, detail)
 

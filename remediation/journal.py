@@ -11,21 +11,33 @@ CLI read (and pause, cancel, reset the breaker) from another process while the s
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remediation.errors import JournalError
+from remediation.errors import IllegalTransition, JournalError
+from remediation.states import (
+    CANCELLABLE_NOW,
+    CLOSED_STATES,
+    INITIAL_STATES,
+    OPEN_STATES,
+    IncidentState,
+    RunStatus,
+    allowed,
+)
 
-OPEN_STATES = ("pending", "admitted", "running", "held")
-CLOSED_STATES = ("completed", "failed", "cancelled", "quarantined", "notified")
-STATES = OPEN_STATES + CLOSED_STATES
+log = logging.getLogger(__name__)
+STATES: tuple[str, ...] = tuple(s.value for s in IncidentState)
+# Called with (incident id, current state, refused state) when a transition is refused; the
+# runtime points it at the autoheal_illegal_transitions_total counter.
+IllegalHook = Callable[[str, IncidentState, IncidentState], None]
 TIMELINE_PHASES = (
     "received",
     "fenced",
@@ -36,6 +48,7 @@ TIMELINE_PHASES = (
     "resolved",
 )
 
+SCHEMA_VERSION = 2  # PRAGMA user_version; 0 = a file from before versioning (the v1 schema)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS alerts (
     id INTEGER PRIMARY KEY,
@@ -50,6 +63,7 @@ CREATE TABLE IF NOT EXISTS alerts (
     incident_id TEXT
 );
 CREATE INDEX IF NOT EXISTS alerts_identity ON alerts (fingerprint, starts_at);
+CREATE INDEX IF NOT EXISTS alerts_received ON alerts (received_at);
 CREATE TABLE IF NOT EXISTS incidents (
     id TEXT PRIMARY KEY,
     node TEXT NOT NULL,
@@ -77,6 +91,7 @@ CREATE TABLE IF NOT EXISTS incidents (
 );
 CREATE INDEX IF NOT EXISTS incidents_key ON incidents (node, fault_class, state);
 CREATE INDEX IF NOT EXISTS incidents_state ON incidents (state, opened_at);
+CREATE INDEX IF NOT EXISTS incidents_closed ON incidents (closed_at);
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY,
     playbook TEXT NOT NULL,
@@ -124,6 +139,17 @@ CREATE TABLE IF NOT EXISTS settings (
     actor TEXT NOT NULL DEFAULT ''
 );
 """
+# Migrations from version N to N+1, applied in order inside one transaction on open. Never edit
+# one that shipped: add the next.
+_MIGRATIONS: dict[int, str] = {
+    # v1 -> v2: one spelling of a cancelled run (ansible-runner says "canceled"); an index for
+    # pruning closed incidents by age
+    1: """
+UPDATE runs SET status='cancelled' WHERE status='canceled';
+CREATE INDEX IF NOT EXISTS incidents_closed ON incidents (closed_at);
+CREATE INDEX IF NOT EXISTS alerts_received ON alerts (received_at);
+""",
+}
 
 
 @dataclass(frozen=True)
@@ -141,7 +167,7 @@ class IncidentRecord:
     playbook: str
     extra_vars: dict[str, Any]
     rule_dry_run: bool
-    state: str
+    state: IncidentState
     reason: str
     opt_out: bool
     dry_run: bool
@@ -171,7 +197,7 @@ class RunRecord:
     incident_ids: list[str]
     nodes: list[str]
     check_mode: bool
-    status: str
+    status: RunStatus
     rc: int | None
     started_at: float
     finished_at: float | None
@@ -206,6 +232,7 @@ def _incident(row: sqlite3.Row) -> IncidentRecord:
     d["extra_vars"] = json.loads(d["extra_vars"])
     for key in ("rule_dry_run", "opt_out", "dry_run", "cancel_requested"):
         d[key] = bool(d[key])
+    d["state"] = IncidentState(d["state"])
     return IncidentRecord(**d)
 
 
@@ -214,6 +241,7 @@ def _run(row: sqlite3.Row) -> RunRecord:
     d["incident_ids"] = json.loads(d["incident_ids"])
     d["nodes"] = json.loads(d["nodes"])
     d["check_mode"] = bool(d["check_mode"])
+    d["status"] = RunStatus(d["status"])
     return RunRecord(**d)
 
 
@@ -225,9 +253,10 @@ def new_incident_id() -> str:
 class Tx:
     """Operations inside one journal transaction (see Journal.transaction)."""
 
-    def __init__(self, conn: sqlite3.Connection, now: float) -> None:
+    def __init__(self, conn: sqlite3.Connection, now: float, on_illegal: IllegalHook | None = None) -> None:
         self.conn = conn
         self.now = now
+        self._on_illegal = on_illegal
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -284,9 +313,8 @@ class Tx:
         marks = ",".join("?" * len(OPEN_STATES))
         row = self.conn.execute(
             f"SELECT * FROM incidents WHERE node=? AND fault_class=? AND (state IN ({marks})"  # noqa: S608
-            " OR closed_at >= ?) ORDER BY (state IN ('pending','admitted','running','held')) DESC,"
-            " opened_at DESC LIMIT 1",
-            (node, fault_class, *OPEN_STATES, closed_since),
+            f" OR closed_at >= ?) ORDER BY (state IN ({marks})) DESC, opened_at DESC LIMIT 1",
+            (node, fault_class, *OPEN_STATES, closed_since, *OPEN_STATES),
         ).fetchone()
         return None if row is None else _incident(row)
 
@@ -307,10 +335,12 @@ class Tx:
         playbook: str,
         extra_vars: dict[str, Any],
         rule_dry_run: bool,
-        state: str = "pending",
+        state: IncidentState = IncidentState.PENDING,
         source: str = "alertmanager",
         incident_id: str | None = None,
     ) -> str:
+        if state not in INITIAL_STATES:
+            raise JournalError(f"an incident cannot start {state}; it starts one of {sorted(INITIAL_STATES)}")
         iid = incident_id or new_incident_id()
         self.conn.execute(
             "INSERT INTO incidents (id, node, gpu, xid, fault_class, tier, fingerprint, rule,"
@@ -346,14 +376,35 @@ class Tx:
             (int(resolved), self.now, tier, tier, incident_id),
         )
 
-    def set_state(self, incident_id: str, state: str, reason: str = "", **fields: Any) -> None:
-        if state not in STATES:
-            raise JournalError(f"unknown incident state {state!r}")
-        sets = ["state=?", "reason=?", "updated_at=?"]
-        args: list[Any] = [state, reason, self.now]
-        if state in CLOSED_STATES:
+    def transition(self, incident_id: str, new: IncidentState, reason: str, **fields: Any) -> None:
+        """Move an incident to `new`: the one place a state changes (remediation/states.py).
+
+        A move that TRANSITIONS does not allow (or of an unknown incident) is refused: logged,
+        counted and raised as IllegalTransition, so the caller's transaction writes nothing.
+        """
+        row = self.conn.execute("SELECT state FROM incidents WHERE id=?", (incident_id,)).fetchone()
+        if row is None:
+            raise JournalError(f"incident {incident_id} is missing; cannot move it to {new}")
+        current = IncidentState(row[0])
+        if not allowed(current, IncidentState(new)):
+            log.error("refused illegal transition of incident %s: %s -> %s", incident_id, current, new)
+            if self._on_illegal is not None:
+                self._on_illegal(incident_id, current, IncidentState(new))
+            raise IllegalTransition(f"incident {incident_id}: {current} -> {new} is not an allowed move")
+        sets = ["state=?", "reason=?"]
+        args: list[Any] = [IncidentState(new).value, reason]
+        if new in CLOSED_STATES:
             sets.append("closed_at=?")
             args.append(self.now)
+        self._update(incident_id, sets, args, fields)
+
+    def mark(self, incident_id: str, **fields: Any) -> None:
+        """Change an incident's fields but not its state (e.g. an on-call cancel request)."""
+        self._update(incident_id, [], [], fields)
+
+    def _update(self, incident_id: str, sets: list[str], args: list[Any], fields: dict[str, Any]) -> None:
+        sets = [*sets, "updated_at=?"]
+        args = [*args, self.now]
         for key, value in fields.items():
             if key not in ("opt_out", "dry_run", "tier", "run_id", "cancel_requested"):
                 raise JournalError(f"cannot set incident field {key!r}")
@@ -399,7 +450,7 @@ class Tx:
                 json.dumps(list(incident_ids)),
                 json.dumps(list(nodes)),
                 int(check_mode),
-                "running",
+                RunStatus.RUNNING.value,
                 self.now,
                 _pid(),
                 private_dir,
@@ -424,6 +475,8 @@ class Tx:
         }
         if not fields or not set(fields) <= allowed:
             raise JournalError(f"cannot set run fields {sorted(set(fields) - allowed)}")
+        if "status" in fields:
+            fields["status"] = RunStatus(fields["status"]).value
         sets = ", ".join(f"{k}=?" for k in fields)
         self.conn.execute(f"UPDATE runs SET {sets} WHERE id=?", (*fields.values(), run_id))  # noqa: S608
 
@@ -453,6 +506,11 @@ class Tx:
         )
 
 
+def _statements(script: str) -> list[str]:
+    """A script's statements (ours contain no ';' inside literals)."""
+    return [part.strip() for part in script.split(";") if part.strip()]
+
+
 def _pid() -> int:
     import os
 
@@ -462,8 +520,9 @@ def _pid() -> int:
 class Journal:
     """A thread-safe handle on the journal database (one connection, serialised by a lock)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_illegal: IllegalHook | None = None) -> None:
         self.path = path
+        self.on_illegal = on_illegal  # set by the runtime: counts refused state changes
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
@@ -472,10 +531,69 @@ class Journal:
             # FULL: a commit is on disk (WAL fsynced) before the webhook answers 2xx.
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute("PRAGMA busy_timeout=30000")
-            self._conn.executescript(_SCHEMA)
+            self._migrate()
         except sqlite3.Error as exc:
             raise JournalError(f"journal {path}: cannot open: {exc}") from exc
         self._lock = threading.RLock()
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        """Create the schema, or bring an older file up to SCHEMA_VERSION (one transaction)."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = self.schema_version
+            if version > SCHEMA_VERSION:
+                raise JournalError(
+                    f"journal {self.path}: schema version {version} is newer than this runner's"
+                    f" ({SCHEMA_VERSION}); run the newer runner or restore a backup"
+                )
+            fresh = not self._conn.execute("SELECT 1 FROM sqlite_master WHERE name='incidents'").fetchone()
+            for stmt in _statements(_SCHEMA):  # IF NOT EXISTS: adds only what is missing
+                self._conn.execute(stmt)
+            version = SCHEMA_VERSION if fresh else max(version, 1)
+            while version < SCHEMA_VERSION:
+                for stmt in _statements(_MIGRATIONS[version]):
+                    self._conn.execute(stmt)
+                version += 1
+                log.info("journal %s: migrated to schema version %d", self.path, version)
+            self._conn.execute(f"PRAGMA user_version={int(version)}")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def prune(self, before: float) -> int:
+        """Forget closed incidents that closed before `before`, with their alerts, timeline,
+        runs and steps (a run only once none of its incidents is kept); returns how many
+        incidents went. The journal is the queue, not the archive: the notifications and the
+        metrics are the long record."""
+        with self.transaction() as tx:
+            c = tx.conn
+            cmarks = ",".join("?" * len(CLOSED_STATES))
+            gone = [
+                str(r[0])
+                for r in c.execute(
+                    f"SELECT id FROM incidents WHERE state IN ({cmarks}) AND closed_at < ?",  # noqa: S608
+                    (*CLOSED_STATES, before),
+                )
+            ]
+            c.execute("CREATE TEMP TABLE IF NOT EXISTS prune_ids (id TEXT PRIMARY KEY)")
+            c.execute("DELETE FROM prune_ids")
+            c.executemany("INSERT INTO prune_ids VALUES (?)", [(i,) for i in gone])
+            c.execute("DELETE FROM timeline WHERE incident_id IN (SELECT id FROM prune_ids)")
+            c.execute("DELETE FROM alerts WHERE incident_id IN (SELECT id FROM prune_ids)")
+            c.execute("DELETE FROM alerts WHERE incident_id IS NULL AND received_at < ?", (before,))
+            c.execute("DELETE FROM incidents WHERE id IN (SELECT id FROM prune_ids)")
+            c.execute(
+                "DELETE FROM runs WHERE finished_at IS NOT NULL AND finished_at < ? AND NOT EXISTS"
+                " (SELECT 1 FROM json_each(runs.incident_ids) AS j, incidents WHERE incidents.id = j.value)",
+                (before,),
+            )
+            c.execute("DELETE FROM steps WHERE run_id NOT IN (SELECT id FROM runs)")
+        return len(gone)
 
     def close(self) -> None:
         with self._lock:
@@ -490,7 +608,7 @@ class Journal:
             except sqlite3.Error as exc:
                 raise JournalError(f"journal {self.path}: cannot begin: {exc}") from exc
             try:
-                yield Tx(self._conn, time.time() if now is None else now)
+                yield Tx(self._conn, time.time() if now is None else now, self.on_illegal)
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
@@ -535,9 +653,11 @@ class Journal:
 
     def cancel_requests(self) -> list[IncidentRecord]:
         """Open incidents an on-call engineer asked to cancel."""
+        marks = ",".join("?" * len(CANCELLABLE_NOW))
         rows = self._query(
-            "SELECT * FROM incidents WHERE cancel_requested=1 AND state IN"
-            " ('pending','admitted','held') ORDER BY opened_at"
+            f"SELECT * FROM incidents WHERE cancel_requested=1 AND state IN ({marks})"  # noqa: S608
+            " ORDER BY opened_at",
+            CANCELLABLE_NOW,
         )
         return [_incident(r) for r in rows]
 

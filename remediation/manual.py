@@ -21,6 +21,7 @@ from remediation.kube import NullKube
 from remediation.metrics import Metrics
 from remediation.notify import Notifier
 from remediation.policy import BREAKER_KEY, PAUSE_KEY, BreakerState, Policy, breaker_state
+from remediation.states import IncidentState
 from remediation.worker import Worker
 
 
@@ -42,9 +43,9 @@ def reset_breaker(journal: Journal, reason: str = "") -> tuple[BreakerState, int
     before = breaker_state(journal)
     with journal.transaction() as tx:
         tx.set_setting(BREAKER_KEY, {"open": False, "reason": reason, "tripped_at": None}, actor=actor())
-        held = journal.incidents(["held"])
+        held = journal.incidents([IncidentState.HELD])
         for inc in held:
-            tx.set_state(inc.id, "pending", "breaker reset by " + actor())
+            tx.transition(inc.id, IncidentState.PENDING, "breaker reset by " + actor())
             tx.timeline(inc.id, "breaker_reset", "ok", source="cli", detail=reason)
     return before, len(held)
 
@@ -56,7 +57,7 @@ def request_cancel(journal: Journal, incident_id: str) -> IncidentRecord:
     if not inc.is_open:
         raise RemediationError(f"incident {incident_id} is already {inc.state}")
     with journal.transaction() as tx:
-        tx.set_state(inc.id, inc.state, inc.reason, cancel_requested=True)
+        tx.mark(inc.id, cancel_requested=True)
         tx.timeline(inc.id, "cancel_requested", "ok", source="cli", detail="by " + actor())
     return journal.require_incident(incident_id)
 
@@ -107,16 +108,16 @@ def run_by_hand(
             playbook=name,
             extra_vars={},
             rule_dry_run=check,
-            state="admitted",
+            state=IncidentState.ADMITTED,
             source="manual",
         )
-        tx.set_state(iid, "admitted", "run by hand", opt_out=opt_out, dry_run=check)
+        tx.mark(iid, opt_out=opt_out, dry_run=check)
         run_id = tx.create_run(
             playbook=name, incident_ids=[iid], nodes=[node], check_mode=check, source="manual"
         )
         tx.update_run(
             run_id, private_dir=str(executor.run_dir(run_id)), events_path=str(executor.events_path(run_id))
         )
-        tx.set_state(iid, "running", "run by hand", run_id=run_id)
+        tx.transition(iid, IncidentState.RUNNING, "run by hand", run_id=run_id)
     worker.execute(run_id, [journal.require_incident(iid)])
     return journal.require_incident(iid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from remediation.journal import Journal
+from remediation.states import IN_REMEDIATION, QUEUED_STATES, IncidentState
 
 PHASE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600)
 
@@ -74,13 +75,24 @@ class Metrics:
             "autoheal_budget_nodes_in_use", "Nodes in remediation now (admitted or running).", registry=r
         )
         self.budget_limit = Gauge("autoheal_budget_nodes_limit", "Fleet-wide node budget (N).", registry=r)
+        self.illegal_transitions = Counter(
+            "autoheal_illegal_transitions_total",
+            "Incident state changes refused by the state machine (a bug or a race; never normal).",
+            ["from_state", "to_state"],
+            registry=r,
+        )
+
+    def count_illegal(self, incident_id: str, current: IncidentState, new: IncidentState) -> None:
+        """The journal's hook for a refused transition (remediation/states.py)."""
+        del incident_id  # logged by the journal; an id per label value would grow without bound
+        self.illegal_transitions.labels(from_state=current.value, to_state=new.value).inc()
 
     def refresh(self, journal: Journal, budget_limit: int) -> None:
         from remediation.policy import BREAKER_KEY, PAUSE_KEY
 
         counts = journal.count_states()
-        self.queue_depth.set(sum(counts.get(s, 0) for s in ("pending", "admitted", "held")))
-        self.budget_in_use.set(sum(counts.get(s, 0) for s in ("admitted", "running")))
+        self.queue_depth.set(sum(counts.get(s, 0) for s in QUEUED_STATES))
+        self.budget_in_use.set(sum(counts.get(s, 0) for s in IN_REMEDIATION))
         self.budget_limit.set(budget_limit)
         breaker = journal.setting(BREAKER_KEY) or {}
         self.breaker_open.set(1 if isinstance(breaker, dict) and breaker.get("open") else 0)

@@ -26,6 +26,7 @@ from autoheal.xid import Tier, XidCatalog
 from remediation.config import RunnerConfig
 from remediation.journal import IncidentRecord, Journal
 from remediation.kube import KubeView, label_is_set
+from remediation.states import IN_REMEDIATION
 
 Action = Literal["admit", "quarantine", "hold", "notify", "wait"]
 BREAKER_KEY = "breaker"
@@ -92,7 +93,7 @@ class Policy:
     def _read_round(self, pending: list[IncidentRecord]) -> _Round:
         cfg = self.config
         # targeted reads: the cost of a round does not grow with the fleet (see remediation/kube.py)
-        in_use = {i.node for i in self.journal.incidents(["admitted", "running"])}
+        in_use = {i.node for i in self.journal.incidents(IN_REMEDIATION)}
         node_pool = self.kube.pools(cfg.pool_label, {i.node for i in pending})
         return _Round(
             opted=self.kube.nodes_labelled(cfg.opt_out_label),

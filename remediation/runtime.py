@@ -34,9 +34,9 @@ def make_executor(cfg: RunnerConfig) -> Executor:
 def build(cfg: RunnerConfig, *, kube: KubeView | None = None, with_worker: bool = True) -> Runtime:
     """Everything `serve` runs; `kube` replaces the configured cluster (tests use FakeKube)."""
     catalog = load_catalog()
-    journal = Journal(cfg.journal_path)
-    rules = load_rules(cfg.rules_file)
     metrics = Metrics()
+    journal = Journal(cfg.journal_path, on_illegal=metrics.count_illegal)
+    rules = load_rules(cfg.rules_file)
     notifier = Notifier(cfg.notify, metrics)
     worker = None
     if with_worker:

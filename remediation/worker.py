@@ -50,6 +50,7 @@ from remediation.journal import IncidentRecord, Journal, RunRecord
 from remediation.metrics import Metrics
 from remediation.notify import Notifier
 from remediation.policy import BREAKER_KEY, PAUSE_KEY, Decision, Policy
+from remediation.states import IN_REMEDIATION, IncidentState, RunStatus
 
 log = logging.getLogger(__name__)
 MIN_TICK_SECONDS = 0.05
@@ -172,7 +173,7 @@ class Worker:
     def recover(self) -> list[int]:
         """Resume what a dead runner left behind; returns the interrupted run ids."""
         interrupted = []
-        for run in self.journal.runs("running"):
+        for run in self.journal.runs(RunStatus.RUNNING):
             if run.owner_pid == os.getpid() or (run.source == "manual" and self._owner_alive(run)):
                 continue
             for pid in {run.play_pid or 0, *find_plays(run.private_dir)} - {0}:
@@ -181,14 +182,14 @@ class Worker:
             with self.journal.transaction() as tx:
                 tx.update_run(
                     run.id,
-                    status="interrupted",
+                    status=RunStatus.INTERRUPTED,
                     finished_at=tx.now,
                     detail="runner stopped during the run; resumed",
                 )
                 for iid in run.incident_ids:
                     inc = tx.get(iid)
-                    if inc is not None and inc.state == "running":
-                        tx.set_state(iid, "admitted", inc.reason)
+                    if inc is not None and inc.state is IncidentState.RUNNING:
+                        tx.transition(iid, IncidentState.ADMITTED, inc.reason)
                         tx.timeline(iid, "resumed", "ok", source="runner", run_id=run.id)
             interrupted.append(run.id)
         return interrupted
@@ -207,7 +208,7 @@ class Worker:
         self._apply_cancels()
         if self.journal.setting(PAUSE_KEY, False):
             return None
-        pending = self.journal.incidents(["pending"])
+        pending = self.journal.incidents([IncidentState.PENDING])
         wait: float | None = None
         if pending:
             oldest = min(i.opened_at for i in pending)
@@ -228,7 +229,7 @@ class Worker:
         if not every or now - self._uncordon_checked < every:
             return
         self._uncordon_checked = now
-        open_ = [i for i in self.journal.incidents(["admitted", "running"]) if not i.cancel_requested]
+        open_ = [i for i in self.journal.incidents(IN_REMEDIATION) if not i.cancel_requested]
         if not open_:
             return
         try:
@@ -240,7 +241,7 @@ class Worker:
             if inc.node in nodes and "fenced" in self.journal.done_phases(inc.id):
                 log.warning("node %s was uncordoned by hand: cancelling incident %s", inc.node, inc.id)
                 with self.journal.transaction() as tx:
-                    tx.set_state(inc.id, inc.state, inc.reason, cancel_requested=True)
+                    tx.mark(inc.id, cancel_requested=True)
                     tx.timeline(
                         inc.id, "cancel_requested", "ok", source="runner", detail="node uncordoned by hand"
                     )
@@ -249,9 +250,9 @@ class Worker:
         for inc in self.journal.cancel_requests():
             if inc.cancel_requested:
                 with self.journal.transaction() as tx:
-                    tx.set_state(inc.id, "cancelled", "cancelled by on-call")
+                    tx.transition(inc.id, IncidentState.CANCELLED, "cancelled by on-call")
                     tx.timeline(inc.id, "cancelled", "ok", source="cli")
-                self._closed(inc, "cancelled", "cancelled by on-call")
+                self._closed(inc, IncidentState.CANCELLED, "cancelled by on-call")
 
     def _apply(
         self, decisions: list[Decision], tripped: str | None, incidents: dict[str, IncidentRecord]
@@ -265,23 +266,33 @@ class Worker:
                 if d.action == "wait":
                     continue
                 if d.action == "notify":
-                    tx.set_state(d.incident_id, "notified", d.reason, dry_run=d.dry_run)
+                    tx.transition(d.incident_id, IncidentState.NOTIFIED, d.reason, dry_run=d.dry_run)
                     tx.timeline(d.incident_id, "notified", "ok", source="runner", detail=d.reason)
                 elif d.action == "hold":
-                    tx.set_state(
-                        d.incident_id, "held", d.reason, tier=d.tier, opt_out=d.opt_out, dry_run=d.dry_run
+                    tx.transition(
+                        d.incident_id,
+                        IncidentState.HELD,
+                        d.reason,
+                        tier=d.tier,
+                        opt_out=d.opt_out,
+                        dry_run=d.dry_run,
                     )
                     tx.timeline(d.incident_id, "held", "ok", source="runner", detail=d.reason)
                 else:
-                    tx.set_state(
-                        d.incident_id, "admitted", d.reason, tier=d.tier, opt_out=d.opt_out, dry_run=d.dry_run
+                    tx.transition(
+                        d.incident_id,
+                        IncidentState.ADMITTED,
+                        d.reason,
+                        tier=d.tier,
+                        opt_out=d.opt_out,
+                        dry_run=d.dry_run,
                     )
                     tx.timeline(d.incident_id, "admitted", "ok", source="runner", detail=d.reason)
         for d in decisions:
             self.metrics.decisions.labels(action=d.action).inc()
             inc = incidents[d.incident_id]
             if d.action == "notify":
-                self._closed(inc, "notified", d.reason, tier=d.tier)
+                self._closed(inc, IncidentState.NOTIFIED, d.reason, tier=d.tier)
             elif d.action == "quarantine":
                 self.notifier.send(
                     "incident.quarantined", incident=inc.id, node=inc.node, tier=d.tier, reason=d.reason
@@ -294,7 +305,7 @@ class Worker:
 
     # batches ----------------------------------------------------------------------------------
     def _start_batches(self) -> None:
-        admitted = self.journal.incidents(["admitted"])
+        admitted = self.journal.incidents([IncidentState.ADMITTED])
         groups = self._group(admitted)
         self._fence_tried &= {i.id for i in admitted}
         fence_first = self._fence_first(groups)
@@ -361,7 +372,7 @@ class Worker:
             tx.update_run(run_id, private_dir=str(self.executor.run_dir(run_id)), events_path=str(events))
             if kind is RunKind.FULL:  # a fenced incident stays admitted: its full run is still to come
                 for inc in batch:
-                    tx.set_state(inc.id, "running", inc.reason, run_id=run_id)
+                    tx.transition(inc.id, IncidentState.RUNNING, inc.reason, run_id=run_id)
         if kind is RunKind.FENCE:
             log.info("fence first: run %s fences %d node(s) before their full runs", run_id, len(nodes))
         with self._lock:
@@ -377,7 +388,7 @@ class Worker:
         except Exception as exc:
             log.exception("run %s crashed", run_id)
             try:  # never leave incidents "running" in silence: fail them and page
-                self._record_end(run_id, batch, kind, "error", None, f"runner error: {exc}")
+                self._record_end(run_id, batch, kind, RunStatus.ERROR, None, f"runner error: {exc}")
             except Exception:
                 log.exception("could not record the failure of run %s", run_id)
         finally:
@@ -410,13 +421,16 @@ class Worker:
                 )
         except NodeBusyError as exc:
             with self.journal.transaction() as tx:
-                tx.update_run(run_id, status="skipped", finished_at=tx.now, detail=str(exc))
+                tx.update_run(run_id, status=RunStatus.SKIPPED, finished_at=tx.now, detail=str(exc))
                 if kind is RunKind.FULL:
                     for inc in batch:
-                        tx.set_state(inc.id, "admitted", inc.reason)
+                        if run.source == "manual":  # by hand: tell the human now, never queue it
+                            tx.transition(inc.id, IncidentState.FAILED, f"not run: {exc}")
+                        else:
+                            tx.transition(inc.id, IncidentState.ADMITTED, inc.reason)
             return
         except ExecutionError as exc:
-            self._record_end(run_id, batch, kind, "error", None, str(exc))
+            self._record_end(run_id, batch, kind, RunStatus.ERROR, None, str(exc))
             return
         self.metrics.run_duration.observe(time.time() - started)
         self._record_end(run_id, batch, kind, outcome.status, outcome.rc, outcome.detail)
@@ -444,7 +458,7 @@ class Worker:
         run_id: int,
         batch: list[IncidentRecord],
         kind: RunKind,
-        status: str,
+        status: RunStatus,
         rc: int | None,
         detail: str,
     ) -> None:
@@ -453,14 +467,14 @@ class Worker:
         else:
             self._finish(run_id, batch, status, rc, detail)
 
-    def _finish_fence(self, run_id: int, status: str, rc: int | None, detail: str) -> None:
+    def _finish_fence(self, run_id: int, status: RunStatus, rc: int | None, detail: str) -> None:
         """Record a fence-only run. Its incidents stay admitted either way: if it failed, their full
         run fences again and escalates if that fails too."""
         run = self.journal.require_run(run_id)
         self._ingest(run)
         self.metrics.runs.labels(status=status).inc()
         self._tx_run(run_id, status=status, rc=rc, finished_at=time.time(), detail=detail or "fence only")
-        if status != "successful":
+        if status is not RunStatus.SUCCESSFUL:
             log.warning(
                 "fence-only run %s (%d node(s)) ended %s: %s; their full runs fence again",
                 run_id,
@@ -527,12 +541,12 @@ class Worker:
         return events
 
     def _finish(
-        self, run_id: int, batch: list[IncidentRecord], status: str, rc: int | None, detail: str
+        self, run_id: int, batch: list[IncidentRecord], status: RunStatus, rc: int | None, detail: str
     ) -> None:
         run = self.journal.require_run(run_id)
         self._ingest(run)
         self.metrics.runs.labels(status=status).inc()
-        closed: list[tuple[IncidentRecord, str, str]] = []
+        closed: list[tuple[IncidentRecord, IncidentState, str]] = []
         with self.journal.transaction() as tx:
             tx.update_run(run_id, status=status, rc=rc, finished_at=tx.now, detail=detail)
             for old in batch:
@@ -545,35 +559,33 @@ class Worker:
                     if e.run_id == run_id and e.status == "failed" and e.source == "play"
                 ]
                 if inc.cancel_requested:
-                    state, reason = "cancelled", "cancelled by on-call"
-                elif status == "canceled":
+                    state, reason = IncidentState.CANCELLED, "cancelled by on-call"
+                elif status is RunStatus.CANCELLED:
                     # cancelled for another incident of the batch: run again, skipping done phases
-                    tx.set_state(inc.id, "admitted", inc.reason)
+                    tx.transition(inc.id, IncidentState.ADMITTED, inc.reason)
                     tx.timeline(inc.id, "requeued_by_cancel", "ok", source="runner", run_id=run_id)
                     continue
-                elif status == "successful" and not failed_phases:
-                    state = "quarantined" if inc.reason.startswith("quarantine") else "completed"
+                elif status is RunStatus.SUCCESSFUL and not failed_phases:
+                    quarantine = inc.reason.startswith("quarantine")
+                    state = IncidentState.QUARANTINED if quarantine else IncidentState.COMPLETED
                     reason = inc.reason + (" (dry run)" if inc.dry_run else "")
                     if "resolved" not in self.journal.done_phases(inc.id):
                         tx.timeline(inc.id, "resolved", "ok", source="runner", run_id=run_id)
                 else:
                     what = f"phase {failed_phases[0]} failed" if failed_phases else f"play {status} (rc={rc})"
-                    state, reason = "failed", f"{what}{': ' + detail if detail else ''}"
+                    state, reason = IncidentState.FAILED, f"{what}{': ' + detail if detail else ''}"
                     tx.timeline(inc.id, "escalated", "ok", source="runner", run_id=run_id, detail=reason)
-                tx.set_state(inc.id, state, reason)
+                tx.transition(inc.id, state, reason)
                 closed.append((inc, state, reason))
         for inc, state, reason in closed:
             self._closed(inc, state, reason)
 
-    def _closed(self, inc: IncidentRecord, state: str, reason: str, tier: str | None = None) -> None:
+    def _closed(
+        self, inc: IncidentRecord, state: IncidentState, reason: str, tier: str | None = None
+    ) -> None:
         self.metrics.incidents.labels(tier=tier or inc.tier, outcome=state).inc()
-        event = {
-            "failed": "incident.failed",
-            "cancelled": "incident.cancelled",
-            "quarantined": "incident.quarantined",
-            "notified": "incident.notify",
-            "completed": "incident.completed",
-        }.get(state, "incident." + state)
+        # the sinks' event names (docs/operations.md); "notify" predates the state's name
+        event = "incident.notify" if state is IncidentState.NOTIFIED else f"incident.{state}"
         self.notifier.send(
             event, incident=inc.id, node=inc.node, tier=tier or inc.tier, state=state, reason=reason
         )

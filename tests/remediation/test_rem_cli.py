@@ -17,6 +17,7 @@ from remediation.journal import Journal
 from remediation.models import WebhookPayload
 from remediation.policy import BREAKER_KEY
 from remediation.rules import load_rules
+from remediation.states import IncidentState
 
 
 @pytest.fixture
@@ -96,7 +97,7 @@ def test_breaker_status_and_reset(cli):
     assert r.exit_code == 0 and json.loads(r.output)["open"] is False
     with journal.transaction() as tx:
         tx.set_setting(BREAKER_KEY, {"open": True, "reason": "storm", "tripped_at": tx.now})
-        tx.set_state(journal.incidents()[0].id, "held", "breaker")
+        tx.transition(journal.incidents()[0].id, IncidentState.HELD, "breaker")
     r = invoke("breaker", "status")
     assert r.exit_code == 1 and "OPEN" in r.output and "storm" in r.output
     r = invoke("breaker", "reset", "--reason", "fixed the switch")

@@ -11,6 +11,7 @@ from remediation.journal import Journal
 from remediation.kube import FakeKube
 from remediation.manual import reset_breaker
 from remediation.policy import BREAKER_KEY, Policy, breaker_state, budget_limit
+from remediation.states import IncidentState
 
 
 @pytest.fixture
@@ -114,7 +115,8 @@ def test_node_over_its_incident_cap_is_quarantined(config_factory, journal):
     for _ in range(2):
         iid = _open(journal, "gpu-1")
         with journal.transaction() as tx:
-            tx.set_state(iid, "completed", "done")
+            for state in (IncidentState.ADMITTED, IncidentState.RUNNING, IncidentState.COMPLETED):
+                tx.transition(iid, state, "done")
     _open(journal, "gpu-1")
     [d] = _decide(cfg, journal, FakeKube())[0]
     assert d.action == "quarantine" and d.opt_out and "quarantine" in d.reason
@@ -126,7 +128,8 @@ def test_repeated_reset_faults_climb_one_rung_to_reboot(config_factory, journal)
     for _ in range(repeats - 1):
         iid = _open(journal, "gpu-1", xid=48, tier="reset")
         with journal.transaction() as tx:
-            tx.set_state(iid, "completed", "done")
+            for state in (IncidentState.ADMITTED, IncidentState.RUNNING, IncidentState.COMPLETED):
+                tx.transition(iid, state, "done")
     _open(journal, "gpu-1", xid=48, tier="reset")
     [d] = _decide(cfg, journal, FakeKube())[0]
     assert d.action == "admit" and d.tier == "reboot" and "escalated" in d.reason
@@ -156,7 +159,8 @@ def test_dry_run_comes_from_runner_or_rule(config_factory, journal):
 def test_second_fault_on_a_node_in_remediation_waits(config_factory, journal):
     a = _open(journal, "gpu-1")
     with journal.transaction() as tx:
-        tx.set_state(a, "running", "admitted")
+        tx.transition(a, IncidentState.ADMITTED, "admitted")
+        tx.transition(a, IncidentState.RUNNING, "admitted")
         b = tx.create_incident(
             node="gpu-1",
             gpu=0,

@@ -186,7 +186,7 @@ def test_uncordoning_a_fenced_node_by_hand_cancels_its_incident(serve, effects, 
     assert entry.detail == "node uncordoned by hand"
     assert "drained gpu-4" not in effect_lines(effects)  # the run stopped before its later steps
     [run] = rt.journal.runs_of(iid)
-    assert run.status == "canceled"
+    assert run.status == "cancelled"
 
 
 def test_opt_out_label_skips_replacement_but_still_fences(serve, effects, kube):
@@ -239,7 +239,7 @@ def test_cancel_stops_a_running_play(serve, effects, monkeypatch):
     wait_for(_closed(rt, 1), 30, "cancel")
     assert time.time() - t0 < 15
     assert rt.journal.incident(iid).state == "cancelled"
-    assert rt.journal.runs_of(iid)[0].status == "canceled"
+    assert rt.journal.runs_of(iid)[0].status == "cancelled"
     assert "requeued gpu-1" not in effect_lines(effects)
 
 

@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from remediation.auth import check_bearer
+from remediation.cluster_side import ClusterSide
 from remediation.committer import GroupCommitter
 from remediation.config import RunnerConfig
 from remediation.errors import AuthError, JournalError, PayloadError
@@ -51,6 +52,8 @@ class Runtime:
     committer: GroupCommitter
     worker: Worker | None = None
     notifier: Notifier | None = None
+    # readiness of the API server and slurmctld, the cordon sync; from the config by default
+    cluster: ClusterSide | None = None
 
 
 class _TooLarge(Exception):
@@ -101,6 +104,8 @@ def _count_outcomes(metrics: Metrics, alerts: int, result: DeliveryResult) -> No
 
 
 def create_app(rt: Runtime) -> Starlette:
+    cluster = rt.cluster if rt.cluster is not None else ClusterSide.from_config(rt.config)
+
     def reply(code: int, body: dict[str, object], started: float, **headers: str) -> Response:
         rt.metrics.webhook_requests.labels(code=str(code)).inc()
         rt.metrics.webhook_latency.observe(time.perf_counter() - started)
@@ -144,6 +149,9 @@ def create_app(rt: Runtime) -> Starlette:
             return PlainTextResponse(f"journal: {exc}\n", status_code=503)
         if rt.worker is not None and not rt.worker.alive:
             return PlainTextResponse("worker stopped\n", status_code=503)
+        problems = await run_in_threadpool(cluster.problems)
+        if problems:  # each line names what the runner cannot reach, and why
+            return PlainTextResponse("".join(f"{p}\n" for p in problems), status_code=503)
         return PlainTextResponse("ready\n")
 
     async def metrics(request: Request) -> Response:
@@ -157,9 +165,11 @@ def create_app(rt: Runtime) -> Starlette:
             rt.notifier.start()
         if rt.worker is not None:
             rt.worker.start()
+        cluster.start()
         try:
             yield
         finally:
+            cluster.stop()
             if rt.worker is not None:
                 rt.worker.stop()
             if rt.notifier is not None:

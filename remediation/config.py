@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, fie
 
 from autoheal.labels import OPT_OUT_LABEL, POOL_LABEL, QUARANTINED, STATE_LABEL
 from autoheal.yamlfile import read_yaml
+from remediation.cordon_sync import DEFAULT_IGNORED_TAINTS
 from remediation.errors import RunnerConfigError
 
 
@@ -45,6 +46,19 @@ class NotifySink(BaseModel):
     url: HttpUrl
     timeout_seconds: float = Field(default=5.0, gt=0)
     retries: int = Field(default=3, ge=0, le=10)
+
+
+class CordonSyncSettings(BaseModel):
+    """The cordon sync (remediation/cordon_sync.py): off unless turned on; needs a cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    resync_seconds: int = Field(default=300, ge=5, le=3600)
+    ignore_taints: tuple[str, ...] = Field(
+        default=DEFAULT_IGNORED_TAINTS, description="taint keys (or 'domain/' prefixes) that are no hold"
+    )
+    journal_path: Path | None = Field(default=None, description="default: <state_dir>/cordon-sync.jsonl")
 
 
 class RunnerConfig(BaseModel):
@@ -94,6 +108,14 @@ class RunnerConfig(BaseModel):
         default=None, description="interpreter for localhost tasks; default: this Python"
     )
     notify: tuple[NotifySink, ...] = ()
+    in_cluster: bool = Field(
+        default=False,
+        description="no kubeconfig: the pod's ServiceAccount (remediation/incluster.py); error outside one",
+    )
+    cluster_checks: bool = Field(
+        default=False, description="/readyz also checks the API server and slurmctld (on in a pod)"
+    )
+    cordon_sync: CordonSyncSettings = CordonSyncSettings()
     play_vars: dict[str, Any] = Field(
         default_factory=dict,
         description="static extra vars for every play (e.g. autoheal_slurm_conf); rules override",
@@ -170,6 +192,26 @@ def parse_config(data: Any, origin: str, base: Path, env: dict[str, str] | None 
 
 
 def load_config(path: Path, env: dict[str, str] | None = None) -> RunnerConfig:
-    """Load the runner config file, applying AUTOHEAL_* overrides from `env` (default: os.environ)."""
+    """Load the runner config file, applying AUTOHEAL_* overrides from `env` (default: os.environ).
+
+    With `in_cluster` (and no kubeconfig), the pod's ServiceAccount becomes the runner's cluster
+    identity (remediation.incluster): for its own reads and, as `autoheal_kubeconfig`, for the
+    plays. Explicit, so a runner (or a test) that happens to run in some pod never picks up that
+    pod's cluster by surprise.
+    """
+    from remediation.errors import KubeError
+    from remediation.incluster import resolve_kubeconfig
+
+    env = dict(os.environ) if env is None else env
     data = read_yaml(path, "the runner config", RunnerConfigError)
-    return parse_config(data, str(path), path.parent.resolve(), dict(os.environ) if env is None else env)
+    cfg = parse_config(data, str(path), path.parent.resolve(), env)
+    try:
+        kubeconfig = (
+            resolve_kubeconfig(cfg.kubeconfig, cfg.state_dir, env) if cfg.in_cluster else cfg.kubeconfig
+        )
+    except KubeError as exc:
+        raise RunnerConfigError(f"{path}: {exc}") from exc
+    if kubeconfig is None or kubeconfig == cfg.kubeconfig:
+        return cfg
+    play_vars = {"autoheal_kubeconfig": str(kubeconfig), **cfg.play_vars}
+    return cfg.model_copy(update={"kubeconfig": kubeconfig, "play_vars": play_vars})

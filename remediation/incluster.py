@@ -9,9 +9,10 @@ the in-cluster API server and names the token *file* (`tokenFile`), not the toke
 rotates the projected token and each reader reads the file again (docs/architecture.md, "The
 runner in the cluster").
 
-A pod is recognised by the `KUBERNETES_SERVICE_HOST`/`_PORT` variables the kubelet sets; a pod
-without a mounted token (automountServiceAccountToken: false) is an error naming the fix, never
-a quiet fallback.
+The runner asks for this explicitly (`in_cluster: true`, set by the RemediationRunner component).
+A pod is recognised by the `KUBERNETES_SERVICE_HOST`/`_PORT` variables the kubelet sets; outside a
+pod, or in one without a mounted token (automountServiceAccountToken: false), it is an error naming
+the fix, never a quiet fallback to no Kubernetes.
 """
 
 from __future__ import annotations
@@ -43,16 +44,17 @@ def in_pod(env: Mapping[str, str]) -> bool:
     return bool(env.get("KUBERNETES_SERVICE_HOST") and env.get("KUBERNETES_SERVICE_PORT"))
 
 
-def detect(env: Mapping[str, str], sa_dir: Path = SA_DIR) -> InCluster | None:
+def detect(env: Mapping[str, str], sa_dir: Path | None = None) -> InCluster | None:
     """The pod's in-cluster identity; None outside a pod; KubeError in a pod without a token."""
     if not in_pod(env):
         return None
+    sa_dir = sa_dir or SA_DIR
     host, port = env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]
     token, ca = sa_dir / "token", sa_dir / "ca.crt"
     missing = [str(p) for p in (token, ca) if not p.is_file()]
     if missing:
         raise KubeError(
-            f"running in a pod (KUBERNETES_SERVICE_HOST={host}) but {', '.join(missing)} is missing: "
+            f"running in a pod (KUBERNETES_SERVICE_HOST={host}) but missing {', '.join(missing)}: "
             "mount the ServiceAccount token (automountServiceAccountToken: true) or set `kubeconfig`"
         )
     namespace_file = sa_dir / "namespace"
@@ -94,13 +96,17 @@ def write_kubeconfig(identity: InCluster, path: Path) -> Path:
 
 
 def resolve_kubeconfig(
-    configured: Path | None, state_dir: Path, env: Mapping[str, str] | None = None, sa_dir: Path = SA_DIR
-) -> Path | None:
-    """The kubeconfig the runner uses: the configured one; in a pod, one written for its
-    ServiceAccount into `state_dir`; else None (no cluster: a lab without Kubernetes)."""
+    configured: Path | None, state_dir: Path, env: Mapping[str, str] | None = None, sa_dir: Path | None = None
+) -> Path:
+    """The kubeconfig of an in-cluster runner: the configured one, else one written for the pod's
+    ServiceAccount into `state_dir`; KubeError outside a pod."""
     if configured is not None:
         return configured
-    identity = detect(dict(os.environ) if env is None else env, sa_dir)
+    environ = dict(os.environ) if env is None else env
+    identity = detect(environ, sa_dir)
     if identity is None:
-        return None
+        raise KubeError(
+            "in_cluster is set but this is not a pod (no KUBERNETES_SERVICE_HOST/PORT): "
+            "set `kubeconfig` instead, or run the runner in its pod"
+        )
     return write_kubeconfig(identity, state_dir / KUBECONFIG_NAME)

@@ -31,12 +31,11 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        # the code's own version, not the installed metadata's (an editable install keeps the
+        # version it was installed with)
+        from autoheal import __version__
 
-        try:
-            print(f"autoheal {version('autoheal')}")
-        except PackageNotFoundError:  # a source tree that was never installed
-            print("autoheal (not installed)")
+        print(f"autoheal {__version__}")
         raise typer.Exit()
 
 
@@ -47,6 +46,8 @@ def _root(
     ] = False,
 ) -> None:
     """autoheal: self-healing GPU training clusters (Slurm on Kubernetes)."""
+
+
 PLUGIN_GROUP = "autoheal.cli"
 
 

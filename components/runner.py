@@ -34,6 +34,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
+from autoheal import __version__
 from autoheal import labels as lb
 from components import kube
 from components.common import SecretRef, await_annotations, base_labels, child, content_hash
@@ -67,7 +68,7 @@ def _policy_rules(rules: tuple[Rule, ...]) -> list[k8s.rbac.v1.PolicyRuleArgs]:
 @dataclass(frozen=True)
 class RemediationRunnerArgs:
     namespace: pulumi.Input[str] = "autoheal"
-    image: str = "ghcr.io/autoheal/runner:0.1.0"
+    image: str = f"ghcr.io/autoheal/runner:{__version__}"
     port: int = 9095  # the runner listens here in its pod (its own default)
     service_port: int = 8080  # what Alertmanager calls: monitoring/alertmanager.yml ships this
     webhook_path: str = "/webhook"

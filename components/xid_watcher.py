@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
+from autoheal import __version__
 from autoheal import labels as lb
 from components import kube
 from components.common import base_labels, child
@@ -25,7 +26,8 @@ WATCHER_PORT = 9402
 KMSG = "/dev/kmsg"
 STATE_HOST_DIR = "/var/lib/autoheal/xid-watcher"
 STATE_DIR = "/var/lib/autoheal-watcher"
-DEFAULT_WATCHER_IMAGE = "ghcr.io/autoheal/runner:0.1.0"  # the runner's image: autoheal is installed there
+# the runner's image (autoheal is installed there), tagged with the release's one version
+DEFAULT_WATCHER_IMAGE = f"ghcr.io/autoheal/runner:{__version__}"
 # The Prometheus Operator's Service in front of its Alertmanagers; set it to your Alertmanager.
 DEFAULT_ALERTMANAGER_URL = "http://alertmanager-operated.monitoring.svc:9093"
 WATCHER_LABELS = base_labels("xid-watcher", "xid-watcher")

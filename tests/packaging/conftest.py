@@ -16,18 +16,18 @@ import subprocess
 import sys
 import sysconfig
 import time
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from autoheal import __version__
 from tests.support import port_base
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-VERSION: str = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+VERSION: str = __version__
 LAB_NAME = "f-packaging"
 LAB_PORTS = port_base(26000)
 

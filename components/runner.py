@@ -18,10 +18,13 @@ No wildcard verbs, resources or API groups (the policy pack rejects them anywher
 The webhook's bearer token is generated (components.secrets.RandomSecret) into a Secret
 (`autoheal-runner-token`, key `token`): the runner reads it from a mounted file, Alertmanager
 gets a reference to the same Secret, and the token itself is never in stack config. The routing
-rules and the entry playbooks ship as ConfigMaps (their hash on the pod template rolls the runner
-when they change); roles and the in-repo collection are part of the runner image. The incident
+rules ship as a ConfigMap; the playbooks (with the vars/, specs/ and tasks/ they include), roles
+and the in-repo collection come from the runner image, so they always match (the entry
+playbooks' hash on the pod template still rolls the runner when they change). The incident
 journal (SQLite) lives on a PersistentVolumeClaim, because nothing is acknowledged to
-Alertmanager before it is on disk.
+Alertmanager before it is on disk. In its pod the runner uses its ServiceAccount's token
+(in_cluster), reaches slurmctld through a munge sidecar (components/runner_pod.py, which says
+why), checks both on /readyz, and runs the cordon sync.
 """
 
 from __future__ import annotations
@@ -38,6 +41,17 @@ from autoheal import __version__
 from autoheal import labels as lb
 from components import kube
 from components.common import SecretRef, await_annotations, base_labels, child, content_hash
+from components.runner_pod import (
+    DATA_ROOT,
+    SLURM_DIR,
+    RunnerPodArgs,
+    RunnerResources,
+    RunnerSlurmArgs,
+    munge_containers,
+    pod_security,
+    runner_container,
+    slurm_volumes,
+)
 from components.secrets import RandomSecret
 
 RUNNER_NAME = "autoheal-runner"
@@ -46,7 +60,7 @@ TOKEN_KEY = "token"  # noqa: S105 (a name, not a secret)
 TOKEN_DIR = "/var/run/secrets/autoheal"  # noqa: S105 (a name, not a secret)
 JOURNAL_DIR = "/var/lib/autoheal"
 CONFIG_DIR = "/etc/autoheal/config"
-PLAYBOOK_DIR = "/etc/autoheal/playbooks"
+PLAYBOOK_DIR = f"{DATA_ROOT}/playbooks"  # from the image, with the vars/, specs/, tasks/ they include
 
 Rule = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]  # (apiGroups, resources, verbs)
 # The runbook's needs, spelled out; tests pin these exactly and replay them on a real API server.
@@ -82,6 +96,10 @@ class RemediationRunnerArgs:
     service_type: str = "ClusterIP"
     token_bytes: int = 32
     wait_for_rollout: bool = True
+    # the path to slurmctld (munge sidecar + slurm.conf); None: a runner without Slurm access
+    slurm: RunnerSlurmArgs | None = None
+    resources: RunnerResources = field(default_factory=RunnerResources)
+    cordon_sync: bool = True  # Kubernetes cordons and taints by hand drain in Slurm
 
     def validate(self) -> None:
         if not self.webhook_path.startswith("/"):
@@ -99,9 +117,9 @@ class _RunnerFiles:
 
     token_secret: pulumi.Input[str]
     config_map: pulumi.Input[str]
-    playbooks_map: pulumi.Input[str]
     journal_claim: pulumi.Input[str]
     config_hash: str
+    slurm: tuple[pulumi.Input[str], pulumi.Input[str]] | None  # (config map, munge key secret)
 
 
 class RemediationRunner(pulumi.ComponentResource):
@@ -122,9 +140,9 @@ class RemediationRunner(pulumi.ComponentResource):
         skip = await_annotations(args.wait_for_rollout)
         self.service_account_name = self._identity()
         token = self._token()
-        config_map, playbooks, config_hash = self._config()
+        config_map, config_hash = self._config()
         journal = self._journal(skip)
-        files = _RunnerFiles(token, config_map, playbooks, journal, config_hash)
+        files = _RunnerFiles(token, config_map, journal, config_hash, self._slurm())
         self._workload(files, skip)
         self.webhook_url = self._service(skip)
         self.register_outputs(
@@ -190,8 +208,9 @@ class RemediationRunner(pulumi.ComponentResource):
         self.token_secret = SecretRef(name=token.metadata.name, key=TOKEN_KEY, namespace=self._args.namespace)
         return token.metadata.name
 
-    def _config(self) -> tuple[pulumi.Output[str], pulumi.Output[str], str]:
-        """The routing rules and runner.yaml, and the entry playbooks, as two ConfigMaps."""
+    def _config(self) -> tuple[pulumi.Output[str], str]:
+        """The routing rules and runner.yaml as a ConfigMap. The playbooks come from the image;
+        their text still goes into the hash on the pod template, so a change rolls the runner."""
         args = self._args
         data = {
             "rules.yaml": args.rules_yaml,
@@ -200,13 +219,28 @@ class RemediationRunner(pulumi.ComponentResource):
         config = k8s.core.v1.ConfigMap(
             f"{self._name}-config", metadata=self._meta(f"{RUNNER_NAME}-config"), data=data, opts=child(self)
         )
-        playbooks = k8s.core.v1.ConfigMap(
-            f"{self._name}-playbooks",
-            metadata=self._meta(f"{RUNNER_NAME}-playbooks"),
-            data=dict(sorted(args.playbooks.items())),
+        return config.metadata.name, content_hash(data, args.playbooks)
+
+    def _slurm(self) -> tuple[pulumi.Output[str], pulumi.Output[str]] | None:
+        """The cluster's Slurm configuration and munge key, copied into the runner's namespace
+        (a pod mounts only its own namespace's ConfigMaps and Secrets)."""
+        slurm = self._args.slurm
+        if slurm is None:
+            return None
+        config = k8s.core.v1.ConfigMap(
+            f"{self._name}-slurm",
+            metadata=self._meta(f"{RUNNER_NAME}-slurm"),
+            data=dict(slurm.config),
             opts=child(self),
         )
-        return config.metadata.name, playbooks.metadata.name, content_hash(data, args.playbooks)
+        key = k8s.core.v1.Secret(
+            f"{self._name}-munge",
+            metadata=self._meta(f"{RUNNER_NAME}-munge"),
+            type="Opaque",
+            data={"munge.key": slurm.munge_key_base64},
+            opts=child(self, additional_secret_outputs=["data"]),
+        )
+        return config.metadata.name, key.metadata.name
 
     def _journal(self, skip: dict[str, str]) -> pulumi.Output[str]:
         """The incident journal's claim: nothing is acknowledged before it is on disk."""
@@ -220,18 +254,22 @@ class RemediationRunner(pulumi.ComponentResource):
         return journal.metadata.name
 
     def _workload(self, files: _RunnerFiles, skip: dict[str, str]) -> k8s.apps.v1.Deployment:
+        a = self._args
+        volumes = [
+            kube.secret_volume("token", files.token_secret),
+            kube.config_map_volume("config", files.config_map),
+            kube.pvc_volume("journal", files.journal_claim),
+            kube.empty_dir("scratch"),
+        ]
+        if files.slurm is not None:
+            volumes += slurm_volumes(*files.slurm)
         pod = k8s.core.v1.PodSpecArgs(
             service_account_name=self.service_account_name,
-            security_context=k8s.core.v1.PodSecurityContextArgs(
-                run_as_non_root=True, run_as_user=10001, fs_group=10001
-            ),
-            containers=[_runner_container(self._args)],
-            volumes=[
-                kube.secret_volume("token", files.token_secret),
-                kube.config_map_volume("config", files.config_map),
-                kube.config_map_volume("playbooks", files.playbooks_map),
-                kube.pvc_volume("journal", files.journal_claim),
-            ],
+            automount_service_account_token=True,  # its identity: remediation/incluster.py
+            security_context=pod_security(),
+            init_containers=munge_containers(a.image) if files.slurm is not None else None,
+            containers=[runner_container(_pod_args(a))],
+            volumes=volumes,
         )
         return k8s.apps.v1.Deployment(
             f"{self._name}-deployment",
@@ -270,6 +308,9 @@ def _role_ref(kind: str, name: pulumi.Input[str]) -> k8s.rbac.v1.RoleRefArgs:
 def runner_settings(args: RemediationRunnerArgs) -> dict[str, Any]:
     """The runner's own config file (remediation.config.RunnerConfig): the keys that describe this
     deployment's layout are set here; everything else passes through from `settings`."""
+    play_vars = dict(args.settings.get("play_vars") or {})
+    if args.slurm is not None:
+        play_vars.setdefault("autoheal_slurm_conf", f"{SLURM_DIR}/slurm.conf")
     return {
         **args.settings,
         "listen_host": "0.0.0.0",  # noqa: S104 (inside the pod, behind the Service)
@@ -280,28 +321,22 @@ def runner_settings(args: RemediationRunnerArgs) -> dict[str, Any]:
         "rules_file": f"{CONFIG_DIR}/rules.yaml",
         "playbook_dir": PLAYBOOK_DIR,
         "dry_run": args.dry_run,
+        "in_cluster": True,  # the ServiceAccount's token, never a kubeconfig in a Secret
+        "cluster_checks": True,  # /readyz: API server and slurmctld
+        "cordon_sync": {**dict(args.settings.get("cordon_sync") or {}), "enabled": args.cordon_sync},
+        "play_vars": play_vars,
     }
 
 
-def _runner_container(args: RemediationRunnerArgs) -> k8s.core.v1.ContainerArgs:
-    return k8s.core.v1.ContainerArgs(
-        name="runner",
+def _pod_args(args: RemediationRunnerArgs) -> RunnerPodArgs:
+    return RunnerPodArgs(
         image=args.image,
-        command=["autoheal", "serve", "--config", f"{CONFIG_DIR}/runner.yaml"],
-        env=[
-            kube.env("AUTOHEAL_TOKEN_FILE", f"{TOKEN_DIR}/{TOKEN_KEY}"),
-            kube.env("AUTOHEAL_DRY_RUN", str(args.dry_run).lower()),
-        ],
-        ports=[k8s.core.v1.ContainerPortArgs(name="http", container_port=args.port)],
-        volume_mounts=[
-            kube.mount("token", TOKEN_DIR, read_only=True),
-            kube.mount("config", CONFIG_DIR, read_only=True),
-            kube.mount("playbooks", PLAYBOOK_DIR, read_only=True),
-            kube.mount("journal", JOURNAL_DIR),
-        ],
-        readiness_probe=kube.http_probe("/healthz", "http", period=5),
-        liveness_probe=kube.http_probe("/healthz", "http", period=20, initial=15),
-        security_context=k8s.core.v1.SecurityContextArgs(
-            allow_privilege_escalation=False, read_only_root_filesystem=True
-        ),
+        port=args.port,
+        config_dir=CONFIG_DIR,
+        token_dir=TOKEN_DIR,
+        token_key=TOKEN_KEY,
+        journal_dir=JOURNAL_DIR,
+        dry_run=args.dry_run,
+        slurm=args.slurm is not None,
+        resources=args.resources,
     )

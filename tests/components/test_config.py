@@ -154,8 +154,8 @@ def _run_main(config: dict[str, Any]) -> Recorded:
 def test_main_builds_the_lab_stack_from_pulumi_config():
     rec = _run_main(lab_stack_raw())
     assert rec.one("kubernetes:core/v1:ConfigMap", "autoheal-pool-h100")
-    playbooks = rec.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-playbooks")
-    assert "gpu_fatal_xid.yml" in playbooks.inputs["data"]
+    runner = rec.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config")
+    assert "rules.yaml" in runner.inputs["data"]  # the playbooks come from the runner's image
 
 
 def test_main_reports_a_bad_value_as_a_run_error_naming_the_key():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import pytest
 import yaml
@@ -122,11 +123,69 @@ def test_webhook_url_is_the_one_the_shipped_alertmanager_config_calls(lab):
     assert lab.value["webhook_url"] == SHIPPED_RUNNER_URL
 
 
-def test_playbooks_and_rules_ship_as_config_maps(lab):
-    playbooks = lab.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-playbooks")
-    assert set(playbooks.inputs["data"]) == {"gpu_fatal_xid.yml"}
+def test_rules_ship_as_a_config_map_and_playbooks_come_from_the_image(lab):
+    from images.python import DATA_ITEMS, PREFIX
+    from images.recipes import RUNNER
+
     config = lab.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config")
     assert config.inputs["data"]["rules.yaml"] == "rules: []\n"
+    assert not [
+        c for c in lab.of_type("kubernetes:core/v1:ConfigMap") if c.k8s_name == "autoheal-runner-playbooks"
+    ]
+    settings = yaml.safe_load(config.inputs["data"]["runner.yaml"])
+    # where images/python.py puts the project, with everything the playbooks include
+    assert RUNNER.runtime.working_dir == f"{PREFIX}/share/autoheal"
+    assert settings["playbook_dir"] == f"{PREFIX}/share/autoheal/playbooks"
+    assert {"playbooks", "roles", "collections", "ansible.cfg"} <= set(DATA_ITEMS)
+    (container,) = pod_spec(lab.one("kubernetes:apps/v1:Deployment", "autoheal-runner"))["containers"]
+    assert env_of(container)["ANSIBLE_CONFIG"]["value"] == f"{PREFIX}/share/autoheal/ansible.cfg"
+
+
+def test_the_pod_uses_its_service_account_has_scratch_probes_and_resources(lab):
+    from remediation.config import parse_config
+
+    spec = pod_spec(lab.one("kubernetes:apps/v1:Deployment", "autoheal-runner"))
+    assert spec["automountServiceAccountToken"] is True
+    (container,) = spec["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    scratch = next(m for m in container["volumeMounts"] if m["mountPath"] == "/tmp")
+    assert "emptyDir" in volumes[scratch["name"]]
+    assert env_of(container)["HOME"]["value"] == "/tmp"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert set(container["resources"]["requests"]) == {"cpu", "memory"}
+    assert set(container["resources"]["limits"]) == {"cpu", "memory"}
+    cm = lab.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config")
+    cfg = parse_config(yaml.safe_load(cm.inputs["data"]["runner.yaml"]), "runner.yaml", Path("/"), env={})
+    assert cfg.in_cluster and cfg.cluster_checks and cfg.cordon_sync.enabled
+    assert cfg.kubeconfig is None  # never a kubeconfig in a Secret: the pod's token
+
+
+def test_with_slurm_access_munged_runs_beside_the_runner_with_the_clusters_key_and_config():
+    from components.runner_pod import RunnerSlurmArgs
+
+    slurm = RunnerSlurmArgs(config={"slurm.conf": "ClusterName=x\n"}, munge_key_base64="a2V5")
+    rec = run_program(lambda: RemediationRunner("r", RemediationRunnerArgs(slurm=slurm)))
+    assert rec.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-slurm").inputs["data"] == {
+        "slurm.conf": "ClusterName=x\n"
+    }
+    assert rec.one("kubernetes:core/v1:Secret", "autoheal-runner-munge").inputs["data"] == {
+        "munge.key": "a2V5"
+    }
+    spec = pod_spec(rec.one("kubernetes:apps/v1:Deployment", "autoheal-runner"))
+    copy, munged = spec["initContainers"]
+    assert copy["name"] == "munge-key" and "install -m 0400" in copy["command"][-1]
+    assert munged["restartPolicy"] == "Always"  # a native sidecar, started before the runner
+    assert "--force" in munged["command"] and munged["startupProbe"]["exec"]["command"][0] == "test"
+    (runner,) = spec["containers"]
+    assert env_of(runner)["SLURM_CONF"]["value"] == "/etc/slurm/slurm.conf"
+    shared = {m["name"] for m in runner["volumeMounts"]} & {m["name"] for m in munged["volumeMounts"]}
+    assert shared == {"munge-socket"}
+    cm = rec.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config")
+    assert yaml.safe_load(cm.inputs["data"]["runner.yaml"])["play_vars"]["autoheal_slurm_conf"] == (
+        "/etc/slurm/slurm.conf"
+    )
 
 
 def test_changing_a_playbook_rolls_the_runner():

@@ -32,12 +32,12 @@ def test_lab_stack_declares_the_expected_resources(lab):
     assert counts["kubernetes:apps/v1:DaemonSet"] == 3  # slurmd-h100, dcgm-exporter, xid-watcher
     assert counts["kubernetes:apps/v1:StatefulSet"] == 1
     assert counts["kubernetes:apps/v1:Deployment"] == 2  # login, runner
-    assert counts["kubernetes:core/v1:ConfigMap"] == 7
+    assert counts["kubernetes:core/v1:ConfigMap"] == 6  # the runner's playbooks come from its image
     assert counts["kubernetes:core/v1:Secret"] == 3  # munge key, login host key, runner token
     assert counts["pulumi-python:dynamic:Resource"] == 3  # their generators
     assert counts["kubernetes:core/v1:PersistentVolumeClaim"] == 3
     assert counts["pulumi:providers:kubernetes"] == 1
-    assert len(lab.resources) == 42
+    assert len(lab.resources) == 43  # the runner: + an events Role and its RoleBinding, - a ConfigMap
     assert all(not r.custom for r in lab.resources if r.type in COMPONENTS)
 
 

@@ -130,10 +130,16 @@ def test_evacuation_events_report_signalled_and_requeued_jobs_per_node():
 
 
 def test_promotion_drain_retire_and_escalation_events():
-    promo = {"promotions": [{"node": "a", "spare": "s1"}, {"node": "b", "spare": None}], "shortfall": ["b"]}
-    assert [(e["node"], e["status"], e.get("detail")) for e in events.promotion_events(promo, {})] == [
-        ("a", "ok", "s1"),
-        ("b", "failed", "no free hot spare in the pool"),
+    promo = {
+        "promotions": [{"node": "a", "spare": "s1"}, {"node": "b", "spare": None, "pool": "h100"}],
+        "shortfall": ["b"],
+    }
+    # running out of spares is capacity, not a failed step: `no_spare` ok, naming the pool
+    assert [
+        (e["node"], e["phase"], e["status"], e.get("detail")) for e in events.promotion_events(promo, {})
+    ] == [
+        ("a", "spare_promoted", "ok", "s1"),
+        ("b", "no_spare", "ok", "no spare: jobs wait for capacity (pool h100)"),
     ]
     drained = events.drain_events(["a"], {"b": [{"pod": "x/y"}]}, {})
     assert [(e["node"], e["status"]) for e in drained] == [("a", "ok"), ("b", "failed")]

@@ -374,3 +374,51 @@ def test_k8s_evict_drains_a_batch_and_reports_what_a_pdb_protects(kube_lab):
             check=False,
         )
         lab.kubectl("uncordon", "gpu-3", "gpu-4", check=False)
+
+
+def test_fence_sigterms_the_jobs_in_the_same_step_and_slurm_jobs_only_requeues_them(lab, tmp_path):
+    """Issue 18: the jobs get SIGTERM at the fence, not steps later; slurm_jobs then requeues each
+    job that has left (here: before it even started) without signalling it a second time."""
+    log = tmp_path / "trap.log"
+    script = tmp_path / "trap.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"trap 'echo TERM $SLURM_JOB_ID >> {log}; exit 0' TERM\n"
+        "while true; do sleep 0.5 & wait $!; done\n"
+    )
+    script.chmod(0o755)
+    a = lab.sbatch("-N1", "-w", "gpu-1", "--requeue", "-o", "/dev/null", str(script))
+    try:
+        wait_for(lambda: lab.jobs()[a]["job_state"] == "RUNNING", 30, "job running")
+        args = {
+            "nodes": ["gpu-1"],
+            "reasons": {"gpu-1": "XID 79 gpu3 inc-s1"},
+            "kubernetes": False,
+            "signal_jobs": ["gpu-1"],
+            **conf(lab),
+        }
+        dry = run_module("fence", args, check=True)
+        assert [j["job_id"] for j in dry["jobs"]["jobs"]] == [a] and dry["jobs"]["signalled_job_ids"] == []
+        assert not log.exists()  # check mode signals nothing
+        fence = run_module("fence", args)
+        assert "DRAIN" in lab.node("gpu-1")["state_flags"]
+        assert fence["jobs"]["signalled_job_ids"] == [a] and fence["jobs"]["signalled_at"]
+        wait_for(lambda: log.exists() and log.read_text().split() == ["TERM", str(a)], 10, "the trap")
+        wait_for(lambda: lab.jobs()[a]["job_state"] not in ("RUNNING", "COMPLETING"), 15, "the job to leave")
+        res = run_module(
+            "slurm_jobs",
+            {
+                "nodes": ["gpu-1"],
+                "grace_seconds": 30,
+                "signalled_job_ids": [a],
+                "signalled_at": fence["jobs"]["signalled_at"],
+                **conf(lab),
+            },
+        )
+        assert res["requeued_job_ids"] == [a] and res["requeued_at"] >= fence["jobs"]["signalled_at"]
+        assert not [c for c in res["commands"] if "scancel" in c[0]]  # not signalled twice
+        assert log.read_text().split() == ["TERM", str(a)]
+        assert lab.jobs()[a]["job_state"] == "PENDING" and lab.jobs()[a]["restart_cnt"] == 1
+    finally:
+        lab.slurm("scancel", str(a), check=False)
+        reset(lab, "gpu-1")

@@ -372,7 +372,8 @@ def test_stop_after_fenced_fences_and_ends_and_the_full_run_finds_the_fence_done
     full = run_playbook("gpu_fatal_xid", extra, tmp=tmp_path)
     assert full.rc == 0, full.output[-5000:]
     fence_task = full.output.split(
-        "TASK [Fence - Slurm drain and Kubernetes quarantine (cordon, taint, label), concurrently]", 1
+        "TASK [Fence - Slurm drain, Kubernetes quarantine (cordon, taint, label) and SIGTERM to the jobs, concurrently]",
+        1,
     )[1]
     status = re.search(r"^(ok|changed): \[localhost\]", fence_task, re.M)
     assert status and status.group(1) == "ok", fence_task[:400]

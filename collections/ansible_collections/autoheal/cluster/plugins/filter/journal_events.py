@@ -62,15 +62,19 @@ def fence_events(fence: Mapping[str, Any], incidents: Mapping[str, str]) -> list
 
 
 def promotion_events(promotion: Mapping[str, Any], incidents: Mapping[str, str]) -> list[Event]:
-    """`spare_promoted` per failed node from autoheal.cluster.slurm_spares: ok naming its spare,
-    failed when the pool had none left."""
+    """`spare_promoted` per failed node from autoheal.cluster.slurm_spares, naming its spare; a node
+    the pool had no spare left for gets `no_spare` (ok, naming its pool): running out of spares in
+    a storm is capacity, not a failed remediation - the node is still fenced, evacuated, drained
+    and retired, and its jobs wait in the queue for backfill (docs/runbook.md)."""
     spares = {p["node"]: p["spare"] for p in promotion.get("promotions") or [] if p.get("spare")}
+    pools = {p["node"]: p.get("pool") or "" for p in promotion.get("promotions") or []}
+    short = list(promotion.get("shortfall") or [])
     return phase_events(list(spares), incidents, "spare_promoted", "ok", detail=spares) + phase_events(
-        promotion.get("shortfall") or [],
+        short,
         incidents,
-        "spare_promoted",
-        "failed",
-        detail="no free hot spare in the pool",
+        "no_spare",
+        "ok",
+        detail={n: f"no spare: jobs wait for capacity (pool {pools.get(n) or '?'})" for n in short},
     )
 
 
@@ -111,7 +115,8 @@ def evacuation_events(
         out += phase_events(
             [n], incidents, "jobs_signalled", "ok", ts=jobs.get("signalled_at"), detail=signalled
         )
-        out += phase_events([n], incidents, "requeued", "failed" if lost[n] else "ok", detail=detail)
+        status = "failed" if lost[n] else "ok"
+        out += phase_events([n], incidents, "requeued", status, ts=jobs.get("requeued_at"), detail=detail)
     return out
 
 

@@ -27,6 +27,10 @@ description:
     to M(autoheal.cluster.slurm_jobs) (its O(autoheal.cluster.slurm_jobs#module:signalled_job_ids)),
     which then only waits for each job to leave and requeues it. A failed signal does not fail the
     fence (it is reported; slurm_jobs signals what was not signalled).
+  - >-
+    Opted-out nodes keep their jobs - with O(kubernetes), a node labelled O(opt_out_label)=true,
+    or running a live pod so labelled, is read first (concurrently with the drain) and not
+    signalled; a node whose labels could not be read is not signalled either (RV(jobs.unchecked)).
   - An administrator's drain reason, and a cordon someone else set, are left alone (reported).
 version_added: 0.2.0
 author: autoheal maintainers (@autoheal-project)
@@ -89,6 +93,11 @@ options:
     type: list
     elements: str
     default: []
+  opt_out_label:
+    description:
+      - Label (value C(true)) on a node, or on a pod running on it, that keeps its jobs from O(signal_jobs).
+    type: str
+    default: autoheal.io/opt-out
   signal:
     description: Signal for O(signal_jobs).
     type: str
@@ -136,8 +145,10 @@ kube_nodes:
   elements: str
 jobs:
   description:
-    - The jobs of O(signal_jobs) - C(jobs) (records as M(autoheal.cluster.slurm_jobs) returns them),
-      C(signalled_job_ids), C(signalled_at) (epoch, null when none), C(error) when signalling failed.
+    - The jobs of O(signal_jobs) - C(nodes) (those signalled - not opted out, labels read),
+      C(opt_out) (node to why), C(unchecked) (labels unreadable), C(jobs) (records as
+      M(autoheal.cluster.slurm_jobs) returns them), C(signalled_job_ids), C(signalled_at) (epoch,
+      null when none), C(error) when signalling failed.
   returned: always
   type: dict
 gone_nodes:
@@ -155,6 +166,7 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.autoheal.cluster.plugins.module_utils.contract import (
     INCIDENT_ANNOTATION,
+    OPT_OUT_LABEL,
     QUARANTINE_TAINT_KEY,
     QUARANTINED,
     STATE_LABEL,
@@ -204,6 +216,7 @@ def argument_spec() -> dict[str, Any]:
         verify_seconds=dict(type="float", default=10),
         signal_jobs=dict(type="list", elements="str", default=[]),
         signal=dict(type="str", default="TERM", choices=["TERM", "INT", "USR1", "USR2"]),
+        opt_out_label=dict(type="str", default=OPT_OUT_LABEL),
     )
     spec.update(SLURM_COMMON_ARGS)
     spec.update(KUBE_COMMON_ARGS)
@@ -246,14 +259,42 @@ def quarantine(p: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
     )
 
 
-def signal_jobs(module: Any, slurm: Slurm, nodes: list[str]) -> dict[str, Any]:
-    """Signal the jobs on `nodes` (check mode: only list them); never raises, so the fence stands
-    whatever happens here."""
-    out: dict[str, Any] = dict(jobs=[], signalled_job_ids=[], signalled_at=None)
+def opted_out(kube: Kube | None, nodes: list[str], label: str) -> tuple[dict[str, str], list[str]]:
+    """({node: why} of the nodes opted out by their label or a live pod's, [nodes not readable]).
+    A node Kubernetes does not know is not opted out (Slurm-only)."""
+    if kube is None:
+        return {}, []
+
+    def read(name: str) -> str:
+        node = kube.get_node(name)
+        if node is None:
+            return ""
+        if ((node.get("metadata") or {}).get("labels") or {}).get(label) == "true":
+            return f"node label {label}=true"
+        for pod in kube.pods_on(name):
+            meta = pod.get("metadata") or {}
+            live = (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            if live and (meta.get("labels") or {}).get(label) == "true":
+                return f"pod {meta.get('namespace')}/{meta.get('name')}"
+        return ""
+
+    found = kube.map(read, nodes)
+    why = {n: r for n, (r, e) in found.items() if e is None and r}
+    return why, [n for n, (_r, e) in found.items() if e is not None]
+
+
+def signal_jobs(module: Any, slurm: Slurm, kube: Kube | None, nodes: list[str]) -> dict[str, Any]:
+    """Signal the jobs on `nodes` that are not opted out (check mode: only list them); never
+    raises, so the fence stands whatever happens here."""
+    out: dict[str, Any] = dict(
+        nodes=[], opt_out={}, unchecked=[], jobs=[], signalled_job_ids=[], signalled_at=None
+    )
     if not nodes:
         return out
     try:
-        out["jobs"] = find_jobs(slurm, set(nodes))
+        out["opt_out"], out["unchecked"] = opted_out(kube, nodes, module.params["opt_out_label"])
+        out["nodes"] = [n for n in nodes if n not in out["opt_out"] and n not in out["unchecked"]]
+        out["jobs"] = find_jobs(slurm, set(out["nodes"])) if out["nodes"] else []
         ids = [j["job_id"] for j in out["jobs"]]
         if ids and not module.check_mode:
             signal(slurm, ids, module.params["signal"], out)
@@ -325,7 +366,7 @@ def main() -> None:
             futures["kube"] = pool.submit(apply, module, kube, nodes, quarantine(p, nodes))
         # concurrently with the drain: a job that checkpoints and exits is requeued only by
         # slurm_jobs, after the drain, so it never lands on the node again
-        signalled = pool.submit(signal_jobs, module, sig_slurm, to_signal)
+        signalled = pool.submit(signal_jobs, module, sig_slurm, kube, to_signal)
         out, errors = run_halves(futures)
         out["jobs"] = signalled.result()
     out.update(where(nodes, out, p["kubernetes"]))

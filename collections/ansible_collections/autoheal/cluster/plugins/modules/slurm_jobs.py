@@ -19,6 +19,15 @@ description:
   - Jobs still running when the grace period ends are requeued too (Slurm then sends SIGTERM and,
     after C(KillWait), SIGKILL) when O(requeue_after_grace) is true.
   - A job Slurm has already requeued by itself (it is C(PENDING) again) counts as requeued.
+  - >-
+    Jobs that M(autoheal.cluster.fence) already signalled (O(signalled_job_ids), at O(signalled_at))
+    are not signalled again; they are waited for (the grace period counts from their signal) and
+    requeued the moment each has left, even when it left before this module started.
+  - >-
+    How it sees a job leave - C(squeue -h -j IDS -o "%i %T") every O(poll_interval) (0.1 s), a few
+    milliseconds of slurmctld time each. Slurm 22.05 pushes no job-end event to a client (a
+    C(strigger --fini) fires on slurmctld's periodic trigger pass, seconds late), so a short, cheap
+    poll is the fastest way to requeue the instant the job is gone.
   - Idempotent - a second run finds no running jobs on the nodes and changes nothing.
   - >-
     Parses C(squeue --json) from Slurm 22.05 (data parser openapi/v0.0.38) and newer releases.
@@ -50,7 +59,15 @@ options:
   poll_interval:
     description: Seconds between C(squeue) polls while waiting.
     type: float
-    default: 1
+    default: 0.1
+  signalled_job_ids:
+    description: Jobs already signalled (by M(autoheal.cluster.fence)); not signalled again.
+    type: list
+    elements: int
+    default: []
+  signalled_at:
+    description: Epoch time of that signal (the grace period counts from it); default now.
+    type: float
   requeue:
     description: Requeue the jobs that allow it. When false, jobs are only signalled and waited for.
     type: bool
@@ -135,6 +152,10 @@ signalled_at:
   description: Epoch time of the signal (null when nothing was signalled).
   returned: always
   type: float
+requeued_at:
+  description: Epoch time of the requeue (null when nothing was requeued).
+  returned: always
+  type: float
 commands:
   description: Commands run (argv lists).
   returned: always
@@ -146,9 +167,13 @@ from typing import Any, Iterable
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import SLURM_COMMON_ARGS, Job, Slurm
+from ansible_collections.autoheal.cluster.plugins.module_utils.slurm_signal import (
+    ACTIVE,
+    job_record,
+    signal,
+)
 from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes
 
-ACTIVE = ("RUNNING", "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT")
 ENDING = (*ACTIVE, "COMPLETING")
 REQUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
 
@@ -159,7 +184,9 @@ def argument_spec() -> dict[str, Any]:
         action=dict(type="str", default="evacuate", choices=["list", "signal", "evacuate"]),
         signal=dict(type="str", default="TERM", choices=["TERM", "INT", "USR1", "USR2", "CONT"]),
         grace_seconds=dict(type="int", default=120),
-        poll_interval=dict(type="float", default=1),
+        poll_interval=dict(type="float", default=0.1),
+        signalled_job_ids=dict(type="list", elements="int", default=[]),
+        signalled_at=dict(type="float"),
         requeue=dict(type="bool", default=True),
         requeue_after_grace=dict(type="bool", default=True),
     )
@@ -171,83 +198,51 @@ def by_id(jobs: Iterable[Job]) -> dict[int, Job]:
     return {j["job_id"]: j for j in jobs}
 
 
-def find_jobs(slurm: Slurm, nodes: set[str]) -> list[dict[str, Any]]:
-    """A record per active job on any of `nodes` (a multi-node job once), by job id."""
+def find_jobs(slurm: Slurm, nodes: set[str], earlier: set[int]) -> list[dict[str, Any]]:
+    """A record per active job on any of `nodes` (a multi-node job once), and per job in `earlier`
+    (signalled at the fence) whatever its state now: it may have left already."""
     found = sorted(
-        (j for j in slurm.jobs() if j["state"] in ACTIVE and nodes.intersection(j["nodes"])),
+        (
+            j
+            for j in slurm.jobs()
+            if (j["state"] in ACTIVE and nodes.intersection(j["nodes"])) or j["job_id"] in earlier
+        ),
         key=lambda j: j["job_id"],
     )
-    return [
-        dict(
-            job_id=j["job_id"],
-            name=j["name"],
-            user=j["user"],
-            nodes=j["nodes"],
-            state_before=j["state"],
-            state_after=j["state"],
-            requeueable=bool(j["requeue"] and j["batch"]),
-            batch=j["batch"],
-            restart_count=j["restart_count"],
-            signalled=False,
-            ended_in_grace=False,
-            requeued=False,
-        )
-        for j in found
-    ]
+    return [job_record(j) for j in found]
 
 
-def jobs_with_steps(slurm: Slurm, ids: list[int]) -> set[int]:
-    """Job ids among `ids` that run at least one job step besides the batch script and extern."""
-    rc, out, _err = slurm.run(
-        ["squeue", "--noheader", "--steps", "--format=%i", "--jobs=" + ",".join(str(i) for i in ids)],
-        check_rc=False,
+def job_states(slurm: Slurm, ids: list[int]) -> dict[int, str] | None:
+    """{id: state} of the jobs Slurm still lists, from squeue's cheapest output; None when squeue
+    could not answer (a job it no longer knows is simply absent)."""
+    rc, out, err = slurm.run(
+        ["squeue", "--noheader", "--jobs=" + ",".join(map(str, ids)), "--format=%i %T"], check_rc=False
     )
-    found = set()
-    for line in (out or "").split() if rc == 0 else []:
-        job, _dot, step = line.partition(".")
-        if step.isdigit() and job.isdigit():
-            found.add(int(job))
-    return found
-
-
-def signal(slurm: Slurm, ids: list[int], sig: str, result: dict[str, Any]) -> None:
-    """Signal the jobs, one scancel call per group for the whole batch.
-
-    Who gets the signal: the tasks of a job's steps (the training processes srun started), or,
-    for a job that runs no step, its batch shell. Never both with --full: that signals srun
-    itself, which answers SIGTERM by killing its tasks at once ("forcing job termination"), so
-    they never get to checkpoint. A job that ended meanwhile makes scancel complain, which is not
-    fatal."""
-    with_steps = jobs_with_steps(slurm, ids)
-    groups = [
-        ([i for i in ids if i in with_steps], []),
-        ([i for i in ids if i not in with_steps], ["--batch"]),
-    ]
-    result["signalled_at"] = time.time()
-    errors = []
-    for group, flags in groups:
-        if group:
-            rc, out, err = slurm.run(["scancel", f"--signal={sig}", *flags, *map(str, group)], check_rc=False)
-            if rc != 0:
-                errors.append((err or out).strip())
-    if errors:
-        result["signal_stderr"] = "; ".join(errors)
+    if rc != 0 and "Invalid job id" not in (err or ""):
+        return None
+    states = {}
+    for line in (out or "").splitlines():
+        job, _sp, state = line.strip().partition(" ")
+        if job.isdigit():
+            states[int(job)] = state.strip().upper()
+    return states
 
 
 def wait_for_end(slurm: Slurm, ids: list[int], p: dict[str, Any], result: dict[str, Any]) -> list[int]:
     """Wait for the jobs to end (checkpoint + exit) or the grace period to pass; record each
     job's state; return the ids still running."""
     deadline = result["signalled_at"] + p["grace_seconds"]
+    now: dict[int, str] = {}
     while True:
-        now = by_id(slurm.jobs())
-        running = [i for i in ids if i in now and now[i]["state"] in ENDING]
+        seen = job_states(slurm, ids)
+        now = seen if seen is not None else now
+        running = [i for i in ids if seen is None or now.get(i) in ENDING]
         if not running or time.time() >= deadline:
             break
-        time.sleep(min(p["poll_interval"], max(0.05, deadline - time.time())))
+        time.sleep(min(p["poll_interval"], max(0.02, deadline - time.time())))
     result["waited_seconds"] = round(time.time() - result["signalled_at"], 3)
     for r in result["jobs"]:
-        cur = now.get(r["job_id"])
-        r["state_after"] = cur["state"] if cur else "GONE"
+        r["state_after"] = now.get(r["job_id"], "GONE")
         r["ended_in_grace"] = r["job_id"] not in running
     result["still_running_job_ids"] = running
     return running
@@ -277,6 +272,7 @@ def requeue(slurm: Slurm, todo: list[int], result: dict[str, Any]) -> dict[int, 
     Returns {job id: error} of those that could not be requeued."""
     failed: dict[int, str] = {}
     if todo:
+        result["requeued_at"] = time.time()
         rc, _out, _err = slurm.run(["scontrol", "requeue", ",".join(map(str, todo))], check_rc=False)
         for i in todo if rc != 0 else []:
             rc1, out1, err1 = slurm.run(["scontrol", "requeue", str(i)], check_rc=False)
@@ -308,6 +304,7 @@ def new_result(slurm: Slurm, records: list[dict[str, Any]]) -> dict[str, Any]:
         still_running_job_ids=[],
         waited_seconds=0.0,
         signalled_at=None,
+        requeued_at=None,
         commands=slurm.commands,
     )
 
@@ -331,7 +328,8 @@ def main() -> None:
     if p["grace_seconds"] < 0:
         module.fail_json(msg="grace_seconds must be >= 0")
     slurm = Slurm(module)
-    result = new_result(slurm, find_jobs(slurm, nodes))
+    earlier = set(p["signalled_job_ids"])
+    result = new_result(slurm, find_jobs(slurm, nodes, earlier))
     if p["action"] == "list" or not result["jobs"]:
         module.exit_json(**result)
     do_requeue = p["action"] == "evacuate" and p["requeue"]
@@ -339,7 +337,12 @@ def main() -> None:
     if module.check_mode:
         module.exit_json(**result)
     result["requeued_job_ids"] = []
-    signal(slurm, result["job_ids"], p["signal"], result)
+    fresh = [i for i in result["job_ids"] if i not in earlier]
+    if fresh:
+        signal(slurm, fresh, p["signal"], result)
+    if earlier & set(result["job_ids"]):  # the fence's signal: the grace period runs from it
+        at = p["signalled_at"] or time.time()
+        result["signalled_at"] = min(at, result["signalled_at"] or at)
     if p["action"] == "signal":
         module.exit_json(**result)
     running = wait_for_end(slurm, result["job_ids"], p, result)

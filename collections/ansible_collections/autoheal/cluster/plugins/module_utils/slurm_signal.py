@@ -1,0 +1,79 @@
+# Copyright: autoheal maintainers
+# Apache License 2.0 (see LICENSE)
+"""Finding and signalling the Slurm jobs on a batch of nodes, shared by autoheal.cluster.fence
+(SIGTERM in the same step as the drain, so jobs start their checkpoint at the fence) and
+autoheal.cluster.slurm_jobs (which then only waits for each job to leave and requeues it)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import Slurm
+
+ACTIVE = ("RUNNING", "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT")
+
+
+def job_record(j: dict[str, Any]) -> dict[str, Any]:
+    """What the modules report of one job (and what slurm_jobs takes back from the fence)."""
+    return dict(
+        job_id=j["job_id"],
+        name=j["name"],
+        user=j["user"],
+        nodes=j["nodes"],
+        state_before=j["state"],
+        state_after=j["state"],
+        requeueable=bool(j["requeue"] and j["batch"]),
+        batch=j["batch"],
+        restart_count=j["restart_count"],
+        signalled=False,
+        ended_in_grace=False,
+        requeued=False,
+    )
+
+
+def find_jobs(slurm: Slurm, nodes: set[str]) -> list[dict[str, Any]]:
+    """A record per active job on any of `nodes` (a multi-node job once), by job id."""
+    found = sorted(
+        (j for j in slurm.jobs() if j["state"] in ACTIVE and nodes.intersection(j["nodes"])),
+        key=lambda j: j["job_id"],
+    )
+    return [job_record(j) for j in found]
+
+
+def jobs_with_steps(slurm: Slurm, ids: list[int]) -> set[int]:
+    """Job ids among `ids` that run at least one job step besides the batch script and extern."""
+    rc, out, _err = slurm.run(
+        ["squeue", "--noheader", "--steps", "--format=%i", "--jobs=" + ",".join(str(i) for i in ids)],
+        check_rc=False,
+    )
+    found = set()
+    for line in (out or "").split() if rc == 0 else []:
+        job, _dot, step = line.partition(".")
+        if step.isdigit() and job.isdigit():
+            found.add(int(job))
+    return found
+
+
+def signal(slurm: Slurm, ids: list[int], sig: str, result: dict[str, Any]) -> None:
+    """Signal the jobs, one scancel call per group for the whole batch.
+
+    Who gets the signal: the tasks of a job's steps (the training processes srun started), or,
+    for a job that runs no step, its batch shell. Never both with --full: that signals srun
+    itself, which answers SIGTERM by killing its tasks at once ("forcing job termination"), so
+    they never get to checkpoint. A job that ended meanwhile makes scancel complain, which is not
+    fatal."""
+    with_steps = jobs_with_steps(slurm, ids)
+    groups = [
+        ([i for i in ids if i in with_steps], []),
+        ([i for i in ids if i not in with_steps], ["--batch"]),
+    ]
+    result["signalled_at"] = time.time()
+    errors = []
+    for group, flags in groups:
+        if group:
+            rc, out, err = slurm.run(["scancel", f"--signal={sig}", *flags, *map(str, group)], check_rc=False)
+            if rc != 0:
+                errors.append((err or out).strip())
+    if errors:
+        result["signal_stderr"] = "; ".join(errors)

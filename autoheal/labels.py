@@ -30,6 +30,7 @@ SPARE_TAINT_KEY: Final = SPARE_LABEL  # spares carry label and taint of the same
 INCIDENT_ANNOTATION: Final = f"{DOMAIN}/incident"  # the incident that fenced the node
 CORDONED_BY_ANNOTATION: Final = f"{DOMAIN}/cordoned-by"
 REPLACES_ANNOTATION: Final = f"{DOMAIN}/replaces"  # on a promoted spare: the node it stands in for
+VALIDATION_ANNOTATION: Final = f"{DOMAIN}/validation"  # the recovery ladder's last validation: passed|failed
 POLICY_WAIVER_ANNOTATION: Final = f"{DOMAIN}/policy-waiver"
 REMEDIATION_ANNOTATION: Final = f"{DOMAIN}/remediation"
 STATE_DIR_ANNOTATION: Final = f"{DOMAIN}/state-dir"

@@ -243,6 +243,71 @@ def pool_retire(
         console.print(f"{n}: {'retired' if res['changed'] else 'already retired'}")
 
 
+GpuOpt = Annotated[int | None, typer.Option(help="GPU index; default: every GPU of the node.")]
+
+
+def _ladder_call(name: str, root: Path | None, node: str, what: str, **kw: object) -> None:
+    """Run one of lab.ladder's operations and print its JSON; exit 1 naming the failure."""
+    from autoheal.names import validate_node_name
+    from lab import ladder
+
+    cfg = labmod.require(name, root)
+    node = validate_node_name(node, "--node")
+    try:
+        res = getattr(ladder, what)(cfg, node, **kw)
+    except AutohealError as exc:
+        console.print(f"[red]{what} {node}:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    out.print_json(json.dumps(res))
+
+
+@pool_app.command("health")
+def pool_health(
+    node: Annotated[str, typer.Option(help="The node to check.")],
+    peek: Annotated[bool, typer.Option(help="Only read the GPUs (evidence): run no check.")] = False,
+    name: NameOpt = "default",
+    root: RootOpt = None,
+) -> None:
+    """The lab's DCGM diagnostics for a node (JSON: healthy, failures, GPUs, evidence sources)."""
+    _ladder_call(name, root, node, "health", peek=peek)
+
+
+@pool_app.command("reset")
+def pool_reset(
+    node: Annotated[str, typer.Option(help="The node whose GPU to reset.")],
+    gpu: GpuOpt = None,
+    timeout: Annotated[float, typer.Option(help="Seconds before a reset counts as hung.")] = 60,
+    name: NameOpt = "default",
+    root: RootOpt = None,
+) -> None:
+    """Reset a GPU of a node (nvidia-smi --gpu-reset on a real node); exit 1 when it fails."""
+    _ladder_call(name, root, node, "reset", gpu=gpu, timeout=timeout)
+
+
+@pool_app.command("reboot")
+def pool_reboot(
+    node: Annotated[str, typer.Option(help="The node to reboot.")],
+    timeout: Annotated[float, typer.Option(help="Seconds before a reboot counts as hung.")] = 120,
+    name: NameOpt = "default",
+    root: RootOpt = None,
+) -> None:
+    """Reboot a node the way the cloud's reboot API would; exit 1 when it fails or hangs."""
+    _ladder_call(name, root, node, "reboot", timeout=timeout)
+
+
+@pool_app.command("faults")
+def pool_faults(
+    node: Annotated[str, typer.Option(help="The node to inject into.")],
+    health_failures: Annotated[int | None, typer.Option(help="The next N health checks fail.")] = None,
+    reset: Annotated[str | None, typer.Option(help="Next resets: ok, fail or hang.")] = None,
+    reboot: Annotated[str | None, typer.Option(help="Next reboots: ok, fail or hang.")] = None,
+    name: NameOpt = "default",
+    root: RootOpt = None,
+) -> None:
+    """Inject faults of the recovery ladder itself (tests and drills)."""
+    _ladder_call(name, root, node, "faults", health_failures=health_failures, reset=reset, reboot=reboot)
+
+
 def register(app: typer.Typer) -> None:
     """Add `autoheal lab ...` to the root app."""
     app.add_typer(lab_app, name="lab")

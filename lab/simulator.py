@@ -9,9 +9,18 @@ read: an injected XID prints the driver's Xid line there too. With `vanish`, the
 disappear from /metrics instead, as when DCGM loses a GPU that fell off the bus: no XID sample is
 ever scraped, only the kernel log and the lost-GPU rule can tell.
 
+The recovery ladder acts on it as on a node's GPUs (docs/runbook.md, "The recovery ladder"): a GPU
+reset clears the GPU's fault (not a GPU that fell off the bus: that takes a reboot), a reboot
+clears the node's, and the health check is the lab's stand-in for DCGM diagnostics: a node is
+healthy when no GPU holds an XID or is lost. Faults of the ladder itself can be injected: the
+next N health checks fail, a reset or reboot fails or hangs.
+
 API (JSON):  GET /healthz   GET /metrics   GET /v1/nodes   PUT /v1/nodes {"nodes": {name: model}}
              POST /v1/xid {"node", "gpu", "xid", "message"?, "vanish"?}   POST /v1/clear {"node", "gpu"?}
              POST /v1/kmsg {"node", "message"}  (a raw kernel message, e.g. garbage for tests)
+             POST /v1/health {"node", "peek"?}  -> {"node", "healthy", "failures": [...], "gpus": [...]}
+             POST /v1/reset {"node", "gpu"?}   POST /v1/reboot {"node"}
+             POST /v1/faults {"node", "health_failures"?: n, "reset"?: "ok|fail|hang", "reboot"?: ...}
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,6 +43,12 @@ from lab.kernlog import KernelLogs, fallen_message, gpu_uuid, xid_message
 
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
 MAX_MESSAGE = 512
+HANG_SECONDS = 3600.0  # an injected hang: longer than any step timeout of the ladder
+ACTION_FAULTS = ("ok", "fail", "hang")
+
+
+class LadderError(Exception):
+    """A reset or reboot that failed (injected, or a GPU a reset cannot bring back)."""
 
 
 class Fleet(Collector):
@@ -45,6 +61,11 @@ class Fleet(Collector):
         self.nodes: dict[str, str] = {}
         self.xids: dict[tuple[str, int], int] = {}
         self.lost: set[tuple[str, int]] = set()  # GPUs whose series vanished (DCGM lost them)
+        # injected faults of the ladder itself, per node: health checks left to fail, and how the
+        # next resets / reboots behave ("fail", "hang"); plus what the ladder did, for tests
+        self.health_failures: dict[str, int] = {}
+        self.action_faults: dict[tuple[str, str], str] = {}
+        self.actions: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.state_file = state_file
         self.logs = KernelLogs(kmsg_dir, gpus_per_node) if kmsg_dir else None
@@ -95,6 +116,73 @@ class Fleet(Collector):
             self.xids = {k: v for k, v in self.xids.items() if not (k[0] == node and gpu in (None, k[1]))}
             self.lost = {k for k in self.lost if not (k[0] == node and gpu in (None, k[1]))}
             self._save()
+
+    def faults(self, node: str, health_failures: int | None, reset: str | None, reboot: str | None) -> None:
+        """Inject faults of the ladder on `node` (None leaves a setting as it is)."""
+        with self.lock:
+            if health_failures is not None:
+                self.health_failures[node] = health_failures
+            for action, mode in (("reset", reset), ("reboot", reboot)):
+                if mode is not None:
+                    self.action_faults[(node, action)] = mode
+
+    def health(self, node: str, peek: bool = False) -> dict[str, Any]:
+        """The lab's DCGM diagnostics: every GPU present and without an XID, unless a failure is
+        injected (it is consumed: the next check may pass). `peek` reads the GPUs without running
+        a check (the evidence bundle): nothing is consumed or recorded."""
+        with self.lock:
+            failures = [
+                f"GPU {g}: XID {x}" for (n, g), x in sorted(self.xids.items()) if n == node and x
+            ] + [f"GPU {g}: lost (not on the bus)" for n, g in sorted(self.lost) if n == node]
+            if self.health_failures.get(node, 0) > 0 and not peek:
+                self.health_failures[node] -= 1
+                failures.append("injected diagnostic failure")
+            if not peek:
+                self.actions.append({"action": "health", "node": node, "ts": time.time(), "ok": not failures})
+            gpus = [
+                {
+                    "gpu": g,
+                    "uuid": gpu_uuid(node, g),
+                    # a board serial as nvidia-smi prints it, derived from the UUID: stable per GPU
+                    "serial": f"1652{int(gpu_uuid(node, g)[4:12], 16) % 10**9:09d}{g}",
+                    "xid": self.xids.get((node, g), 0),
+                }
+                for g in range(self.gpus_per_node)
+            ]
+        return {"node": node, "healthy": not failures, "failures": failures, "gpus": gpus}
+
+    def _act(self, node: str, action: str) -> None:
+        mode = self.action_faults.get((node, action), "ok")
+        if mode == "hang":
+            time.sleep(HANG_SECONDS)  # the caller's step timeout must end this, not us
+        if mode == "fail":
+            raise LadderError(f"{action} of {node} failed (injected)")
+
+    def reset(self, node: str, gpu: int | None) -> list[int]:
+        """Reset a GPU (all of the node's when `gpu` is None): its XID clears. A GPU that fell off
+        the bus does not come back from a reset; only a reboot brings it back."""
+        gpus = list(range(self.gpus_per_node)) if gpu is None else [gpu]
+        with self.lock:
+            gone = [g for g in gpus if (node, g) in self.lost or self.xids.get((node, g)) == 79]
+        if gone:
+            raise LadderError(f"reset of {node}: GPU {gone[0]} is not on the bus (reboot needed)")
+        self._act(node, "reset")
+        with self.lock:
+            self.xids = {k: v for k, v in self.xids.items() if not (k[0] == node and k[1] in gpus)}
+            self.actions.append({"action": "reset", "node": node, "gpus": gpus, "ts": time.time()})
+            self._save()
+        return gpus
+
+    def reboot(self, node: str) -> None:
+        """Reboot a node: every GPU's fault clears and the driver announces the GPUs again."""
+        self._act(node, "reboot")
+        with self.lock:
+            self.xids = {k: v for k, v in self.xids.items() if k[0] != node}
+            self.lost = {k for k in self.lost if k[0] != node}
+            self.actions.append({"action": "reboot", "node": node, "ts": time.time()})
+            self._save()
+        if self.logs is not None:
+            self.logs.write(node, ["Linux version 6.1.0 (simulated reboot)"], level=5)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self.lock:
@@ -158,7 +246,7 @@ def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestH
                 self._reply(200, {"ok": True})
             elif self.path == "/v1/nodes":
                 xids = [{"node": n, "gpu": g, "xid": x} for (n, g), x in sorted(fleet.xids.items())]
-                self._reply(200, {"nodes": fleet.nodes, "xids": xids})
+                self._reply(200, {"nodes": fleet.nodes, "xids": xids, "actions": fleet.actions[-200:]})
             else:
                 self._reply(404, {"error": "not found"})
 
@@ -200,6 +288,9 @@ def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestH
                     fleet.kmsg(str(node), message)
                 elif self.path == "/v1/clear":
                     fleet.clear(str(node), gpu)
+                elif self.path in ("/v1/health", "/v1/reset", "/v1/reboot", "/v1/faults"):
+                    self._ladder(str(node), gpu, body)
+                    return
                 else:
                     self._reply(404, {"error": "not found"})
                     return
@@ -208,7 +299,37 @@ def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestH
                 return
             self._reply(200, {"ok": True})
 
+        def _ladder(self, node: str, gpu: int | None, body: dict[str, Any]) -> None:
+            """The recovery ladder's endpoints: 200 with the outcome, 409 when the action failed."""
+            try:
+                if self.path == "/v1/health":
+                    self._reply(200, fleet.health(node, peek=body.get("peek") is True))
+                elif self.path == "/v1/reset":
+                    self._reply(200, {"node": node, "reset": fleet.reset(node, gpu)})
+                elif self.path == "/v1/reboot":
+                    fleet.reboot(node)
+                    self._reply(200, {"node": node, "rebooted": True})
+                else:
+                    fleet.faults(node, *_faults(body))
+                    self._reply(200, {"ok": True})
+            except LadderError as exc:
+                self._reply(409, {"error": str(exc)})
+
     return Handler
+
+
+def _faults(body: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
+    """The fields of POST /v1/faults, validated (ValueError names the field)."""
+    n = body.get("health_failures")
+    if n is not None and not (isinstance(n, int) and 0 <= n <= 1000):
+        raise ValueError("health_failures: an integer 0..1000")
+    modes: list[str | None] = []
+    for key in ("reset", "reboot"):
+        mode = body.get(key)
+        if mode is not None and mode not in ACTION_FAULTS:
+            raise ValueError(f"{key}: one of {', '.join(ACTION_FAULTS)}")
+        modes.append(mode)
+    return n, modes[0], modes[1]
 
 
 def serve(

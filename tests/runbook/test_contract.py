@@ -90,6 +90,8 @@ ROLE_NAMES = {
     "node_pool_state_label": "STATE_LABEL",
     "node_pool_pool_label": "POOL_LABEL",
     "node_pool_replaces_annotation": "REPLACES_ANNOTATION",
+    "ladder_validation_annotation": "VALIDATION_ANNOTATION",
+    "ladder_spare_reason": "SPARE_REASON",
 }
 
 

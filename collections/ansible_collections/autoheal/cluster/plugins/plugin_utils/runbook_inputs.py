@@ -29,6 +29,7 @@ PREFIX = "autoheal_"
 FILE_INPUTS = ("autoheal_slurm_conf", "autoheal_kubeconfig")
 NEW_FILE_INPUTS = ("autoheal_journal_events",)
 DIR_INPUTS = ("autoheal_lab_root",)
+NEW_DIR_INPUTS = ("autoheal_evidence_dir",)  # made absolute; the step that writes there creates it
 LAB_ROOT_ENV = "AUTOHEAL_LAB_ROOT"
 MANUAL = "manual"  # the incident of a node given without one
 
@@ -91,7 +92,7 @@ def derive(values: dict[str, Any], cwd: str, playbook_dir: str, env: Mapping[str
         values["autoheal_lab_root"] = default_lab_root(env, playbook_dir)
         if not os.path.isdir(values["autoheal_lab_root"]):
             values["autoheal_lab_root"] = ""  # no lab here: only the lab backend needs it
-    for name in (*FILE_INPUTS, *NEW_FILE_INPUTS, *DIR_INPUTS):
+    for name in (*FILE_INPUTS, *NEW_FILE_INPUTS, *DIR_INPUTS, *NEW_DIR_INPUTS):
         if name in values:
             values[name] = resolve_path(name, str(values[name] or ""), cwd)
     run = {key[len(PREFIX) :] if key.startswith(PREFIX) else key: value for key, value in values.items()}

@@ -1,0 +1,58 @@
+# Copyright: autoheal maintainers
+# Apache License 2.0 (see LICENSE)
+"""The recovery ladder's readings, as filters: what a health check, a DCGM diagnostics Job or a
+loop of reset/reboot commands said, per node. A check that could not run counts as failed: the
+ladder never returns a node it could not validate (docs/runbook.md, "The recovery ladder").
+Documented in the .yml file of the same name as each filter; tested in tests/runbook/test_filters.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def _why(res: Mapping[str, Any]) -> str:
+    text = str(res.get("stderr") or res.get("msg") or "failed").strip()
+    return " ".join(text.split())[:300]
+
+
+def health_result(res: Mapping[str, Any]) -> dict[str, Any]:
+    """One loop item of `autoheal lab pool health`: its JSON, or unhealthy naming why it did not run."""
+    if res.get("rc") == 0:
+        try:
+            data = json.loads(str(res.get("stdout") or ""))
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("healthy"), bool):
+            data.setdefault("failures", [])
+            return data
+    return {"healthy": False, "failures": [f"health check did not run: {_why(res)}"]}
+
+
+def dcgm_result(res: Mapping[str, Any]) -> dict[str, Any]:
+    """One loop item of kubernetes.core.k8s_info on a DCGM diagnostics Job."""
+    jobs = res.get("resources") or []
+    status = (jobs[0].get("status") or {}) if jobs else {}
+    if int(status.get("succeeded") or 0) > 0:
+        return {"healthy": True, "failures": []}
+    why = "dcgmi diag failed" if int(status.get("failed") or 0) > 0 else "dcgmi diag did not finish in time"
+    return {"healthy": False, "failures": [why]}
+
+
+def command_outcome(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A loop of commands or Jobs, one per node (`item`): the nodes it worked for, and
+    {node: why} for the others. Skipped items count for neither."""
+    ran = [r for r in results or [] if not r.get("skipped")]
+    ok = [str(r["item"]) for r in ran if r.get("rc", 0) == 0 and not r.get("failed")]
+    return {"ok": ok, "failed": {str(r["item"]): _why(r) for r in ran if str(r["item"]) not in ok}}
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "health_result": health_result,
+            "dcgm_result": dcgm_result,
+            "command_outcome": command_outcome,
+        }

@@ -1,0 +1,64 @@
+"""The lab's side of the recovery ladder: what a node's GPUs and its cloud do when the runbook
+resets a GPU, reboots a node or validates it (docs/runbook.md, "The recovery ladder").
+
+In production these are `nvidia-smi --gpu-reset` on the node, the provider's reboot API and DCGM
+diagnostics; in the lab the simulator plays the GPUs (reset clears a GPU's XID, a reboot the
+node's) and a reboot also restarts the node's slurmd, as a real reboot does. The node_pool and
+ladder roles reach these through `autoheal lab pool reset|reboot|health`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from autoheal.errors import LabError
+from lab import procs, slurm, watch
+from lab.config import LabConfig
+
+# A reboot longer than this is a hang: the CLI fails and the play escalates.
+REBOOT_TIMEOUT = 120.0
+
+
+def _post(cfg: LabConfig, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    try:
+        r = httpx.post(cfg.url("simulator", path), json=body, timeout=timeout)
+    except httpx.TimeoutException as exc:
+        raise LabError(f"simulator {path}: no answer within {timeout:.0f}s (hung)") from exc
+    data: dict[str, Any] = r.json()
+    if r.status_code != 200:
+        raise LabError(f"simulator {path}: {data.get('error', r.text)}")
+    return data
+
+
+def health(cfg: LabConfig, node: str, peek: bool = False) -> dict[str, Any]:
+    """The lab's DCGM diagnostics for `node`, plus where its evidence lives (kernel log, metrics);
+    `peek` only reads the GPUs (for the evidence bundle), it runs no check."""
+    data = _post(cfg, "/v1/health", {"node": node, "peek": peek}, timeout=30)
+    data["kmsg"] = str(watch.kmsg_dir(cfg) / node / "kmsg")
+    data["metrics_url"] = cfg.url("simulator", "/metrics")
+    return data
+
+
+def reset(cfg: LabConfig, node: str, gpu: int | None, timeout: float) -> dict[str, Any]:
+    """Reset a GPU of `node` (all of them when `gpu` is None)."""
+    return _post(cfg, "/v1/reset", {"node": node, "gpu": gpu}, timeout=timeout)
+
+
+def reboot(cfg: LabConfig, node: str, timeout: float = REBOOT_TIMEOUT) -> dict[str, Any]:
+    """Reboot `node` as its cloud would: slurmd goes away, the GPUs come back clean, slurmd starts
+    and registers again. The Slurm state and reason the runbook set are kept (it returns the node)."""
+    t0 = time.monotonic()
+    procs.stop(cfg.run_dir, slurm.slurmd_name(node))
+    _post(cfg, "/v1/reboot", {"node": node}, timeout=timeout)
+    slurm.start_slurmd(cfg, [node])
+    left = max(5.0, timeout - (time.monotonic() - t0))
+    slurm.wait_nodes_registered(cfg, [node], timeout=left)
+    return {"node": node, "rebooted": True, "seconds": round(time.monotonic() - t0, 3)}
+
+
+def faults(cfg: LabConfig, node: str, **kw: Any) -> dict[str, Any]:
+    """Inject faults of the ladder itself (failing health checks, a failing or hanging reset)."""
+    return _post(cfg, "/v1/faults", {"node": node, **{k: v for k, v in kw.items() if v is not None}}, 10)

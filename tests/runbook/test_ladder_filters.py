@@ -1,0 +1,39 @@
+"""The recovery ladder's filters: a check that did not run never passes."""
+
+from __future__ import annotations
+
+import json
+
+from tests.runbook.conftest import plugin
+
+ladder = plugin("filter.ladder")
+
+
+def test_health_result_reads_the_check_and_fails_what_did_not_run():
+    ok = {"rc": 0, "stdout": json.dumps({"node": "gpu-1", "healthy": True, "failures": []})}
+    assert ladder.health_result(ok)["healthy"] is True
+    sick = {"rc": 0, "stdout": json.dumps({"healthy": False, "failures": ["GPU 3: XID 79"]})}
+    assert ladder.health_result(sick) == {"healthy": False, "failures": ["GPU 3: XID 79"]}
+    for broken in ({"rc": 1, "stderr": "simulator: down\n  x"}, {"rc": 0, "stdout": "not json"}, {"rc": 0}):
+        res = ladder.health_result(broken)
+        assert res["healthy"] is False and res["failures"][0].startswith("health check did not run")
+    # a forged or odd answer (healthy not a bool) does not pass either
+    assert ladder.health_result({"rc": 0, "stdout": '{"healthy": "yes"}'})["healthy"] is False
+
+
+def test_dcgm_result_passes_only_a_succeeded_job():
+    assert ladder.dcgm_result({"resources": [{"status": {"succeeded": 1}}]})["healthy"] is True
+    assert ladder.dcgm_result({"resources": [{"status": {"failed": 1}}]})["failures"] == ["dcgmi diag failed"]
+    assert ladder.dcgm_result({"resources": []})["healthy"] is False
+
+
+def test_command_outcome_splits_ok_failed_and_ignores_skipped():
+    results = [
+        {"item": "gpu-1", "rc": 0},
+        {"item": "gpu-2", "rc": 1, "stderr": "reset of gpu-2: GPU 3 is not on the bus"},
+        {"item": "gpu-3", "skipped": True},
+        {"item": "gpu-4", "failed": True, "msg": "Job timed out"},
+    ]
+    out = ladder.command_outcome(results)
+    assert out["ok"] == ["gpu-1"]
+    assert out["failed"] == {"gpu-2": "reset of gpu-2: GPU 3 is not on the bus", "gpu-4": "Job timed out"}

@@ -37,6 +37,7 @@ from typing import IO, NamedTuple
 
 from autoheal import proc
 from remediation.config import RunnerConfig
+from remediation.crashpoints import crash_point
 from remediation.errors import ExecutionError, NodeBusyError, RemediationError
 from remediation.executor import (
     Executor,
@@ -288,6 +289,7 @@ class Worker:
                         dry_run=d.dry_run,
                     )
                     tx.timeline(d.incident_id, "admitted", "ok", source="runner", detail=d.reason)
+        crash_point("decided")
         for d in decisions:
             self.metrics.decisions.labels(action=d.action).inc()
             inc = incidents[d.incident_id]
@@ -373,6 +375,7 @@ class Worker:
             if kind is RunKind.FULL:  # a fenced incident stays admitted: its full run is still to come
                 for inc in batch:
                     tx.transition(inc.id, IncidentState.RUNNING, inc.reason, run_id=run_id)
+        crash_point("run_created")
         if kind is RunKind.FENCE:
             log.info("fence first: run %s fences %d node(s) before their full runs", run_id, len(nodes))
         with self._lock:
@@ -419,6 +422,7 @@ class Worker:
                     ),
                     on_tick=lambda: self._tick_run(run_id),
                 )
+            crash_point("play_ended")
         except NodeBusyError as exc:
             with self.journal.transaction() as tx:
                 tx.update_run(run_id, status=RunStatus.SKIPPED, finished_at=tx.now, detail=str(exc))
@@ -537,6 +541,7 @@ class Worker:
                         opened[ev.incident] = inc.opened_at if inc else ev.ts
             tx.update_run(run.id, events_offset=offset)
         for ev in first:
+            crash_point(f"phase:{ev.phase}")
             self.metrics.phase_duration.labels(phase=ev.phase).observe(max(0.0, ev.ts - opened[ev.incident]))
         return events
 
@@ -577,6 +582,7 @@ class Worker:
                     tx.timeline(inc.id, "escalated", "ok", source="runner", run_id=run_id, detail=reason)
                 tx.transition(inc.id, state, reason)
                 closed.append((inc, state, reason))
+        crash_point("closed")
         for inc, state, reason in closed:
             self._closed(inc, state, reason)
 

@@ -5,6 +5,11 @@ CPUs. It checkpoints every --ckpt-every steps and on SIGTERM (the grace period a
 requeueing), and on start resumes from the newest valid checkpoint, logging the step it resumed
 from. All ranks agree on stopping through an all-reduce, so a SIGTERM never leaves a rank waiting in
 a collective. Progress goes to <ckpt-dir>/progress.jsonl for the demo's step-counter chart.
+
+Time to the first step matters after a requeue (docs/operations.md, "Time to resume"): the `start`
+record says where it went - `import_s` (importing torch: most of it, its CUDA libraries load even on
+a CPU), `rendezvous_s` (the ranks meeting through a file on the checkpoint storage) and `load_s`
+(reading and verifying the checkpoint). Nothing else is imported or read before the first step.
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ import time
 from pathlib import Path
 from types import FrameType
 
-import torch
-import torch.distributed as dist
-from torch import nn
+T_START = time.time()  # before torch: its import is most of a restart's start-up
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import checkpoint
+import checkpoint  # noqa: E402
+
+T_IMPORTED = time.time()
 
 log = logging.getLogger("train")
 STOP = False
@@ -63,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(
             "gloo", init_method=_rendezvous(a.ckpt_dir, restart), rank=rank, world_size=world
         )
+    t_met = time.time()
 
     model, x, y = model_and_data()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -78,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     progress = a.ckpt_dir / "progress.jsonl"
     a.ckpt_dir.mkdir(parents=True, exist_ok=True)
     if rank == 0:
-        _record(progress, {"event": "start", "step": step, "restart": restart, "node": node})
+        took = {
+            "import_s": round(T_IMPORTED - T_START, 3),
+            "rendezvous_s": round(t_met - T_IMPORTED, 3),
+            "load_s": round(time.time() - t_met, 3),
+        }
+        _record(progress, {"event": "start", "step": step, "restart": restart, "node": node, **took})
 
     def save(reason: str) -> None:
         if rank == 0:

@@ -26,6 +26,13 @@ class Budgets(BaseModel):
 
     max_nodes: int = Field(default=5, ge=1)
     max_pool_percent: float = Field(default=10.0, gt=0, le=100)
+    fence_held_nodes: bool = Field(
+        default=False,
+        description=(
+            "past the budget (breaker open) still fence the held incidents' nodes: drain + cordon"
+            " only, in fence-only runs (no job signalled, no spare, nothing destructive); see worker.py"
+        ),
+    )
 
 
 class NodeCap(BaseModel):

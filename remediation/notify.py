@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -25,7 +27,7 @@ log = logging.getLogger(__name__)
 
 def slack_text(event: dict[str, Any]) -> str:
     parts = [f"autoheal: {event.get('event', 'event')}"]
-    for key in ("incident", "node", "tier", "state", "reason"):
+    for key in ("incident", "node", "pool", "waiting", "tier", "state", "reason"):
         if event.get(key) not in (None, ""):
             parts.append(f"{key}={event[key]}")
     return " ".join(parts)
@@ -95,3 +97,71 @@ class Notifier:
                 log.warning("notify %s: %s", sink.kind, exc)
             time.sleep(self.backoff * (2**attempt))
         self._count(sink.kind, "failed")
+
+
+NO_SPARE_POOL = re.compile(r"\(pool ([A-Za-z0-9_.-]{1,63}|\?)\)")
+MAX_NODES_LISTED = 50
+
+
+def no_spare_pool(detail: str) -> str:
+    """The pool named in a `no_spare` phase's detail ("no spare: ... (pool h100)"), or "?"."""
+    m = NO_SPARE_POOL.search(detail)
+    return m.group(1) if m else "?"
+
+
+class SpareShortage:
+    """One notification per pool whose hot spares ran out, not one page per node.
+
+    In a storm every incident past the pool's spares completes "no spare: jobs wait for capacity"
+    (the node is fenced, evacuated, drained and retired; its jobs wait for backfill). Their nodes
+    are collected per pool and reported in one `pool.spares_exhausted` event with how many wait,
+    sent when the storm's runs are over (`flush(busy=False)`) or `max_hold_seconds` after the
+    first, whichever comes first, so the count is the storm's, not one run's. Later nodes of the
+    same pool within `rearm_seconds` of that page are counted, not paged again.
+    """
+
+    def __init__(
+        self,
+        send: Callable[..., None],
+        max_hold_seconds: float = 120.0,
+        rearm_seconds: float = 3600.0,
+    ) -> None:
+        self._send = send
+        self.max_hold_seconds = max_hold_seconds
+        self.rearm_seconds = rearm_seconds
+        self._lock = threading.Lock()
+        self._waiting: dict[str, dict[str, str]] = {}  # pool -> {node: incident}, not yet reported
+        self._since: dict[str, float] = {}  # pool -> when its first unreported node came
+        self._paged: dict[str, float] = {}  # pool -> when its last page went out
+        self.quiet: dict[str, int] = {}  # pool -> nodes counted after its page (re-arm window)
+
+    def add(self, pool: str, node: str, incident: str, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._lock:
+            if now - self._paged.get(pool, -1e18) < self.rearm_seconds:
+                self.quiet[pool] = self.quiet.get(pool, 0) + 1
+                return
+            self._waiting.setdefault(pool, {})[node] = incident
+            self._since.setdefault(pool, now)
+
+    def flush(self, busy: bool, now: float | None = None) -> list[str]:
+        """Send what is due: every pool when nothing is running any more (`busy` False), else the
+        pools held past `max_hold_seconds`. Returns the pools reported."""
+        now = time.time() if now is None else now
+        with self._lock:
+            due = [p for p in self._waiting if not busy or now - self._since[p] >= self.max_hold_seconds]
+            out = [(p, self._waiting.pop(p)) for p in due]
+            for p in due:
+                self._since.pop(p, None)
+                self._paged[p] = now
+        for pool, nodes in out:
+            names = sorted(nodes)
+            self._send(
+                "pool.spares_exhausted",
+                pool=pool,
+                waiting=len(names),
+                nodes=names[:MAX_NODES_LISTED],
+                incidents=[nodes[n] for n in names[:MAX_NODES_LISTED]],
+                reason=f"no spare: {len(names)} node(s) of pool {pool} wait for capacity (backfill asked)",
+            )
+        return due

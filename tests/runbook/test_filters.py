@@ -112,6 +112,9 @@ def test_fence_events_name_an_admin_reason_kept_and_gone_nodes():
         ("gpu-9", "gone", "skipped"),
     ]
     assert evs[1]["detail"] == "slurm reason kept: bad dimm" and "detail" not in evs[0]
+    # the fence module's own end is the stamp (not the journal step's start, ~0.13 s later)
+    stamped = events.fence_events({**fence, "fenced_at": 1234.5}, incidents)
+    assert [e["ts"] for e in stamped if e["phase"] == "fenced"] == [1234.5, 1234.5]
 
 
 def test_evacuation_events_report_signalled_and_requeued_jobs_per_node():

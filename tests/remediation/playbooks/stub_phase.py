@@ -6,7 +6,8 @@ in order (one process for the whole play keeps the stub cheap on a loaded machin
 env:  AUTOHEAL_STUB_EFFECTS (file to append "phase node" lines), AUTOHEAL_STUB_SLEEP_PHASE +
       AUTOHEAL_STUB_SLEEP (seconds to sleep in that phase), AUTOHEAL_STUB_SLEEP_ONCE (marker
       file: sleep only once), AUTOHEAL_STUB_FAIL_PHASE, AUTOHEAL_STUB_IGNORE_DONE (redo done phases,
-      like the real runbook's idempotent steps do).
+      like the real runbook's idempotent steps do), AUTOHEAL_STUB_DETAIL_<PHASE> (the detail the
+      phase reports, e.g. the pool of a `no_spare`).
 """
 
 import json
@@ -33,14 +34,14 @@ def run_phase(phase: str, events_path: str, spec: dict) -> bool:
     if not todo:
         return False
 
+    detail = os.environ.get(f"AUTOHEAL_STUB_DETAIL_{phase.upper()}")
+
     def emit(node: str, iid: str, status: str) -> None:
+        ev = {"incident": iid, "node": node, "phase": phase, "status": status, "ts": time.time()}
+        if detail and status != "start":
+            ev["detail"] = detail
         with open(events_path, "a") as fh:
-            fh.write(
-                json.dumps(
-                    {"incident": iid, "node": node, "phase": phase, "status": status, "ts": time.time()}
-                )
-                + "\n"
-            )
+            fh.write(json.dumps(ev) + "\n")
 
     for node, iid in todo:
         emit(node, iid, "start")

@@ -56,7 +56,8 @@ def fence_events(fence: Mapping[str, Any], incidents: Mapping[str, str]) -> list
     gone = list(fence.get("gone_nodes") or [])
     kept = {s["node"]: f"slurm reason kept: {s['reason']}" for s in slurm.get("skipped_nodes") or []}
     fenced = [n for n in incidents if n not in gone]
-    return phase_events(fenced, incidents, "fenced", "ok", detail=kept) + phase_events(
+    at = fence.get("fenced_at")  # the module's own end: when the nodes were safe
+    return phase_events(fenced, incidents, "fenced", "ok", ts=at, detail=kept) + phase_events(
         gone, incidents, "gone", "skipped", detail="unknown to Slurm and Kubernetes"
     )
 

@@ -151,6 +151,10 @@ jobs:
       null when none), C(error) when signalling failed.
   returned: always
   type: dict
+fenced_at:
+  description: Epoch time both halves had finished - the nodes' C(fenced) time in the journal.
+  returned: always
+  type: float
 gone_nodes:
   description: >-
     Nodes known neither to Slurm nor to Kubernetes (to Slurm only, when O(kubernetes=false)) -
@@ -160,6 +164,7 @@ gone_nodes:
   elements: str
 """
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -368,6 +373,7 @@ def main() -> None:
         # slurm_jobs, after the drain, so it never lands on the node again
         signalled = pool.submit(signal_jobs, module, sig_slurm, kube, to_signal)
         out, errors = run_halves(futures)
+        out["fenced_at"] = time.time()  # the stamp is the fence's, not the next step's
         out["jobs"] = signalled.result()
     out.update(where(nodes, out, p["kubernetes"]))
     out["changed"] = any(out[half].get("changed") for half in ("slurm", "kube"))

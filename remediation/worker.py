@@ -49,12 +49,15 @@ from remediation.executor import (
 )
 from remediation.journal import IncidentRecord, Journal, RunRecord
 from remediation.metrics import Metrics
-from remediation.notify import Notifier
+from remediation.notify import Notifier, SpareShortage, no_spare_pool
 from remediation.policy import BREAKER_KEY, PAUSE_KEY, Decision, Policy
 from remediation.states import IN_REMEDIATION, IncidentState, RunStatus
 
 log = logging.getLogger(__name__)
 MIN_TICK_SECONDS = 0.05
+# A pool out of hot spares is capacity, not a failed remediation (docs/runbook.md): the incident
+# completes with this reason and the pool's one `pool.spares_exhausted` notification covers it.
+NO_SPARE_REASON = "no spare: jobs wait for capacity"
 
 
 class RunKind(StrEnum):
@@ -103,6 +106,7 @@ class Worker:
         self.executor = executor
         self.metrics = metrics
         self.notifier = notifier
+        self.shortage = SpareShortage(notifier.send)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -111,6 +115,7 @@ class Worker:
         self._inflight: dict[int, Future[None]] = {}
         self._fencing: dict[int, Future[None]] = {}
         self._fence_tried: set[str] = set()  # incident ids a fence-only run has handled
+        self._held_fenced: set[str] = set()  # held incidents fenced past the budget (_fence_held)
         self._inflight_nodes: set[str] = set()
         self._lock = threading.Lock()  # guards the in-flight maps and sets above
         self._runner_lock: IO[str] | None = None  # flock: one runner per state dir (start())
@@ -214,13 +219,24 @@ class Worker:
         if pending:
             oldest = min(i.opened_at for i in pending)
             left = self.config.batch_window_seconds - (now - oldest)
-            if left > 0:
+            if left > 0 and not self._lone(pending):
                 wait = left
             else:
                 decisions, tripped = self.policy.decide(pending, now)
                 self._apply(decisions, tripped, {i.id: i for i in pending})
         self._start_batches()
+        with self._lock:  # one spare-exhaustion page per pool, once the storm's runs are over
+            busy = bool(self._inflight or self._fencing)
+        self.shortage.flush(busy)
         return wait
+
+    def _lone(self, pending: list[IncidentRecord]) -> bool:
+        """One incident and nothing else under way: no batch to gather, so it skips the batch
+        window (0.3 s off its fence, bench/detection.py). A storm's alerts come in one
+        Alertmanager POST (one group) and still wait for their window."""
+        with self._lock:
+            busy = bool(self._inflight or self._fencing)
+        return len(pending) == 1 and not busy
 
     def _cancel_uncordoned(self, now: float) -> None:
         """Uncordoning a node by hand cancels its incident (docs/architecture.md, "Safety"). A
@@ -322,6 +338,26 @@ class Worker:
                         break
                 self._launch(key, members[start : start + self.config.max_batch], RunKind.FULL)
         self._start_fences(waiting)
+        if self.config.budgets.fence_held_nodes:
+            self._fence_held()
+
+    def _fence_held(self) -> None:
+        """Past the budget the breaker holds incidents. With `budgets.fence_held_nodes` their nodes
+        are still fenced - drain + cordon in fence-only runs, which stop at `fenced`: no job is
+        signalled, no spare taken, nothing destructive - so a storm bigger than the budget (a bad
+        driver push, a whole row) keeps new jobs off every failed GPU. The incidents stay held:
+        the rest of each runbook waits for a human to reset the breaker."""
+        every = self.journal.incidents([IncidentState.HELD])
+        self._held_fenced &= {i.id for i in every}  # a reset breaker sends them back to pending
+        held = [i for i in every if i.id not in self._held_fenced]
+        for key, members in self._group(held).items():
+            for start in range(0, len(members), self.config.max_fence_batch):
+                with self._lock:
+                    if len(self._fencing) >= self.config.max_concurrent_fences:
+                        return
+                batch = members[start : start + self.config.max_fence_batch]
+                self._held_fenced.update(i.id for i in batch)
+                self._launch(key, batch, RunKind.FENCE)
 
     def _group(self, admitted: list[IncidentRecord]) -> dict[BatchKey, list[IncidentRecord]]:
         """Admitted incidents that can start now, by batch; one incident per node per batch."""
@@ -574,6 +610,10 @@ class Worker:
                     quarantine = inc.reason.startswith("quarantine")
                     state = IncidentState.QUARANTINED if quarantine else IncidentState.COMPLETED
                     reason = inc.reason + (" (dry run)" if inc.dry_run else "")
+                    short = self._no_spare(inc.id, run_id)
+                    if short is not None and state is IncidentState.COMPLETED:
+                        reason = NO_SPARE_REASON + (" (dry run)" if inc.dry_run else "")
+                        self.shortage.add(no_spare_pool(short), inc.node, inc.id)
                     if "resolved" not in self.journal.done_phases(inc.id):
                         tx.timeline(inc.id, "resolved", "ok", source="runner", run_id=run_id)
                 else:
@@ -586,10 +626,22 @@ class Worker:
         for inc, state, reason in closed:
             self._closed(inc, state, reason)
 
+    def _no_spare(self, incident: str, run_id: int) -> str | None:
+        """The detail of the run's `no_spare` report for the incident (its pool had no hot spare
+        left), or None."""
+        found = [
+            e.detail
+            for e in self.journal.timeline(incident)
+            if e.run_id == run_id and e.phase == "no_spare" and e.status == "ok" and e.source == "play"
+        ]
+        return found[0] if found else None
+
     def _closed(
         self, inc: IncidentRecord, state: IncidentState, reason: str, tier: str | None = None
     ) -> None:
         self.metrics.incidents.labels(tier=tier or inc.tier, outcome=state).inc()
+        if reason.startswith(NO_SPARE_REASON):
+            return  # told once per pool by self.shortage, not once per node
         # the sinks' event names (docs/operations.md); "notify" predates the state's name
         event = "incident.notify" if state is IncidentState.NOTIFIED else f"incident.{state}"
         self.notifier.send(

@@ -204,6 +204,7 @@ def main() -> None:
     ap.add_argument("--port-base", type=int, default=18000)
     ap.add_argument("--no-fence", action="store_true", help="skip the Kubernetes + runner lab")
     ap.add_argument("--fence-only", action="store_true", help="only the Kubernetes + runner lab")
+    ap.add_argument("--name-prefix", default="", help="prefix of the labs' names (two benches side by side)")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="autoheal-detect-"))
     results: dict[str, Any] = {}
@@ -215,7 +216,7 @@ def main() -> None:
     for what, interval, watchers, n, source, timeout in [] if a.fence_only else plans:
         cfg = lab_config(
             root,
-            "det" + interval.rstrip("s") + ("w" if watchers else "m"),
+            a.name_prefix + "det" + interval.rstrip("s") + ("w" if watchers else "m"),
             a.port_base,
             interval,
             watchers,
@@ -228,7 +229,7 @@ def main() -> None:
         finally:
             labmod.down(cfg)
     if not a.no_fence:
-        cfg = lab_config(root, "detfence", a.port_base, "15s", True, True)
+        cfg = lab_config(root, f"{a.name_prefix}detfence", a.port_base, "15s", True, True)
         try:
             run_lab(cfg, "fence (Kubernetes + runner)")
             results["fence"] = fence_trials(cfg, a.fence_trials, 60.0)

@@ -6,9 +6,10 @@ the whole Prometheus -> Alertmanager -> runner -> runbook path is measured), wai
 until the pool has backfilled its spares, and prints p50 / p99 / max of each phase (seconds after
 the fault) beside the targets:
 
-    fault -> fenced            <= 5 s (p99)
+    fault -> fenced            <= 2 s (p99; issue 18)
     fenced -> spare promoted   <= 30 s
     fault -> job running       <= grace + 45 s
+    fault -> first step        <= 15 s (p99; issue 18: training again within 15 s of the fault)
     anchor (managed service)   ~5 min to a healthy node, < 15 min end to end
 
 The raw trials (each demo report, plus the runbook's per-task steps from the journal) are written
@@ -111,6 +112,9 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0, help="per trial, seconds")
     ap.add_argument("--root", type=Path, default=None, help="lab root (default: a new tmp dir)")
     ap.add_argument("--name", default="mttr", help="the lab's name (two benches side by side need two)")
+    ap.add_argument(
+        "--settle-timeout", type=float, default=600.0, help="seconds for the lab to settle between trials"
+    )
     a = ap.parse_args()
     root = a.root or Path(tempfile.mkdtemp(prefix="autoheal-mttr-"))
     spares = 2
@@ -133,7 +137,7 @@ def main() -> None:
         demo.check_healthy(cfg)
         print(f"lab up (6 nodes, Kubernetes + runner): {up_s:.1f} s", flush=True)
         for i in range(a.trials):
-            settle = wait_settled(cfg, spares, 180) if i else 0.0
+            settle = wait_settled(cfg, spares, a.settle_timeout) if i else 0.0
             t = time.monotonic()
             try:
                 rep = demo.trial(cfg, cfg.run_dir / f"trial-{i + 1}", quiet, quiet, a.timeout, live=False)
@@ -185,10 +189,11 @@ def report(trials: list[dict[str, Any]], grace: int) -> None:
     first = per.get("first_step", [])
     resolved = per.get("resolved", [])
     ready = per.get("replacement_ready", [])
-    print("  " + line("fault -> fenced", fenced, "<= 5 s p99"))
+    print("  " + line("fault -> fenced", fenced, "<= 2 s p99"))
     print("  " + line("fenced -> spare promoted", promoted, "<= 30 s"))
     print("  " + line("fault -> job running", running, f"<= grace + 45 = {grace + 45} s"))
-    print("  " + line("fault -> first step resumed", first, f"(anchor < {ANCHOR_END_TO_END_S} s)"))
+    anchor = f"<= 15 s p99 (anchor < {ANCHOR_END_TO_END_S} s)"
+    print("  " + line("fault -> first step resumed", first, anchor))
     print("  " + line("fault -> replacement ready", ready, f"(anchor ~{ANCHOR_HEALTHY_S} s)"))
     print("  " + line("fault -> incident resolved", resolved, "(whole runbook)"))
     slow: dict[str, list[float]] = defaultdict(list)

@@ -34,7 +34,10 @@ NAME = "rbbench"
 PORT_BASE = 26000
 STEP_RE = re.compile(r"^(?P<name>.+?) -{2,} (?P<secs>\d+\.\d+)s$")
 STEPS = {
-    "fence": "Fence - Slurm drain and Kubernetes quarantine (cordon, taint, label), concurrently",
+    "fence": (
+        "Fence - Slurm drain, Kubernetes quarantine (cordon, taint, label) and SIGTERM to the jobs,"
+        " concurrently"
+    ),
     "spares_slurm": "node_pool : Pick and resume one hot spare per failed node in Slurm",
     "spares_k8s": "node_pool : Make the spares ordinary pool members in Kubernetes (untaint, relabel)",
     "jobs_start": "slurm_jobs : Start evacuating the jobs on the batch in the background",

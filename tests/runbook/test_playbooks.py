@@ -332,7 +332,8 @@ def test_gpu_fatal_xid_on_a_batch_promotes_a_spare_per_node_and_drains_them_toge
     # each step ran once for the batch (one task), not once per node
     assert (
         res.output.count(
-            "TASK [Fence - Slurm drain and Kubernetes quarantine (cordon, taint, label), concurrently]"
+            "TASK [Fence - Slurm drain, Kubernetes quarantine (cordon, taint, label) and SIGTERM to the jobs,"
+            " concurrently]"
         )
         == 1
     )

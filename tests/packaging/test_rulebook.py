@@ -137,3 +137,30 @@ def test_ansible_rulebook_cli_as_a_user_runs_it(tmp_path):
     assert "Invalid rulebook: Additional properties are not allowed ('autoheal' was unexpected)" in run(
         old_shape(tmp_path)
     )
+
+
+def test_a_play_run_by_ansible_rulebook_stops_at_its_input_check(tmp_path):
+    """What README.md's "Installing" says: under ansible-rulebook a play gets the rule's extra vars
+    (autoheal_routing included) and the raw event, not the inputs the runner derives from the
+    alert, and refuses to start, naming the missing input."""
+    rule = yaml.safe_load((REPO / "config" / "rules.yaml").read_text())[0]["rules"][0]
+    extra = {
+        **rule["action"]["run_playbook"]["extra_vars"],
+        "ansible_eda": {"event": {"alert": {"labels": {"alertname": "GpuXidFatal", "Hostname": "gpu-2"}}}},
+    }
+    proc = subprocess.run(
+        [
+            str(BIN / "ansible-playbook"),
+            rule["action"]["run_playbook"]["name"],
+            "--check",
+            "-e",
+            json.dumps(extra),
+        ],
+        cwd=REPO,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "missing required arguments: autoheal_nodes" in proc.stdout + proc.stderr

@@ -29,7 +29,7 @@ why), checks both on /readyz, and runs the cordon sync.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,7 @@ import yaml
 from autoheal import __version__
 from autoheal import labels as lb
 from components import kube
-from components.common import SecretRef, await_annotations, base_labels, child, content_hash
+from components.common import SecretRef, Taint, await_annotations, base_labels, child, content_hash
 from components.runner_pod import (
     DATA_ROOT,
     SLURM_DIR,
@@ -100,6 +100,8 @@ class RemediationRunnerArgs:
     slurm: RunnerSlurmArgs | None = None
     resources: RunnerResources = field(default_factory=RunnerResources)
     cordon_sync: bool = True  # Kubernetes cordons and taints by hand drain in Slurm
+    # taints the runner tolerates: none by default (it belongs on system nodes, not GPU nodes)
+    tolerate: Sequence[Taint] = ()
 
     def validate(self) -> None:
         if not self.webhook_path.startswith("/"):
@@ -270,6 +272,7 @@ class RemediationRunner(pulumi.ComponentResource):
             init_containers=munge_containers(a.image) if files.slurm is not None else None,
             containers=[runner_container(_pod_args(a))],
             volumes=volumes,
+            tolerations=[t.toleration() for t in a.tolerate] or None,
         )
         return k8s.apps.v1.Deployment(
             f"{self._name}-deployment",

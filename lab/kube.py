@@ -186,6 +186,12 @@ def _cert(
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=365))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        # key identifiers: Python 3.13's default TLS context (VERIFY_X509_STRICT; the runner
+        # image's Python) refuses a chain without an Authority Key Identifier
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False
+        )
     )
     if ca:
         builder = builder.add_extension(

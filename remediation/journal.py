@@ -541,7 +541,10 @@ class Journal:
         return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
 
     def _migrate(self) -> None:
-        """Create the schema, or bring an older file up to SCHEMA_VERSION (one transaction)."""
+        """Create the schema, or bring an older file up to SCHEMA_VERSION (one transaction).
+        A current file is only read: the CLI can open a journal whose disk is full."""
+        if self.schema_version == SCHEMA_VERSION:
+            return
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             version = self.schema_version
@@ -609,14 +612,26 @@ class Journal:
                 raise JournalError(f"journal {self.path}: cannot begin: {exc}") from exc
             try:
                 yield Tx(self._conn, time.time() if now is None else now, self.on_illegal)
+            except sqlite3.Error as exc:  # e.g. SQLITE_FULL: the disk is full
+                self._rollback()
+                raise JournalError(f"journal {self.path}: write failed: {exc}") from exc
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                self._rollback()
                 raise
             try:
                 self._conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                self._conn.execute("ROLLBACK")
+                self._rollback()
                 raise JournalError(f"journal {self.path}: commit failed: {exc}") from exc
+
+    def _rollback(self) -> None:
+        """Undo the open transaction, if SQLite has not already (it rolls back by itself on some
+        errors, SQLITE_FULL among them, and a second ROLLBACK would hide the first error)."""
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                log.error("journal %s: rollback failed: %s", self.path, exc)
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:

@@ -75,6 +75,11 @@ class Metrics:
             "autoheal_budget_nodes_in_use", "Nodes in remediation now (admitted or running).", registry=r
         )
         self.budget_limit = Gauge("autoheal_budget_nodes_limit", "Fleet-wide node budget (N).", registry=r)
+        self.worker_errors = Counter(
+            "autoheal_worker_errors_total",
+            "Worker ticks that failed (journal or API unavailable); retried with growing backoff.",
+            registry=r,
+        )
         self.illegal_transitions = Counter(
             "autoheal_illegal_transitions_total",
             "Incident state changes refused by the state machine (a bug or a race; never normal).",

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, NamedTuple
 
 from autoheal import proc
+from remediation.backoff import Backoff
 from remediation.config import RunnerConfig
 from remediation.crashpoints import crash_point
 from remediation.errors import ExecutionError, NodeBusyError, RemediationError
@@ -58,6 +59,7 @@ MIN_TICK_SECONDS = 0.05
 # A pool out of hot spares is capacity, not a failed remediation (docs/runbook.md): the incident
 # completes with this reason and the pool's one `pool.spares_exhausted` notification covers it.
 NO_SPARE_REASON = "no spare: jobs wait for capacity"
+MAX_ERROR_BACKOFF_SECONDS = 30.0  # a failing tick is retried at most this far apart
 
 
 class RunKind(StrEnum):
@@ -120,6 +122,7 @@ class Worker:
         self._lock = threading.Lock()  # guards the in-flight maps and sets above
         self._runner_lock: IO[str] | None = None  # flock: one runner per state dir (start())
         self._uncordon_checked = 0.0
+        self._errors = Backoff(base=config.poll_seconds, cap=MAX_ERROR_BACKOFF_SECONDS)
 
     # lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -168,12 +171,28 @@ class Worker:
             self._wake.clear()
             try:
                 delay = self.tick()
-            except Exception:
-                log.exception("worker tick failed")
-                delay = self.config.poll_seconds
+            except Exception as exc:
+                self._tick_failed(exc)
+                continue
+            self._errors.succeeded()
             if delay is not None and delay > 0:
                 self._stop.wait(min(delay, self.config.poll_seconds))
                 self._wake.set()
+
+    def _tick_failed(self, exc: Exception) -> None:
+        """A tick failed (the journal's disk full, the API down...): wait a growing while, so a
+        fault that repeats every tick is neither a busy loop nor a flood of tracebacks."""
+        pause = self._errors.failed()
+        self.metrics.worker_errors.inc()
+        log.error(
+            "worker tick failed (%d in a row; next try in %.1fs): %s",
+            self._errors.failures,
+            pause,
+            exc,
+            exc_info=self._errors.failures == 1,  # the traceback once per outage
+        )
+        self._stop.wait(pause)
+        self._wake.set()
 
     # recovery ---------------------------------------------------------------------------------
     def recover(self) -> list[int]:

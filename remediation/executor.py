@@ -78,7 +78,7 @@ class PlayVars:
         if len(set(nodes)) != len(nodes):
             raise ExecutionError("a node appears twice in one run")
         for iid in self.incident_ids:
-            if not INCIDENT_ID_RE.match(iid):
+            if not INCIDENT_ID_RE.fullmatch(iid):
                 raise ExecutionError(f"bad incident id {iid[:40]!r}")
         if not (0 <= self.xid < 1000) or (self.gpu is not None and not 0 <= self.gpu < 64):
             raise ExecutionError("xid must be 0..999 and gpu 0..63 or null")
@@ -89,7 +89,7 @@ class PlayVars:
         done: dict[str, list[str]] = {}
         for node, phases in self.done_phases.items():
             if node in nodes:
-                done[node] = [p for p in phases if PHASE_RE.match(p)]
+                done[node] = [p for p in phases if PHASE_RE.fullmatch(p)]
         out: dict[str, Any] = dict(self.extra)
         out.update(
             {
@@ -133,7 +133,7 @@ def parse_event_line(line: str, allowed: Mapping[str, str]) -> PhaseEvent | None
     status, ts = data.get("status"), data.get("ts")
     if not isinstance(inc, str) or allowed.get(inc) != node:
         return None
-    if not isinstance(phase, str) or not PHASE_RE.match(phase) or status not in EVENT_STATUSES:
+    if not isinstance(phase, str) or not PHASE_RE.fullmatch(phase) or status not in EVENT_STATUSES:
         return None
     if not isinstance(ts, int | float) or isinstance(ts, bool):
         ts = time.time()
@@ -231,7 +231,7 @@ class Executor:
 
     def playbook_path(self, name: str) -> Path:
         base = name.removeprefix("playbooks/")
-        if not PLAYBOOK_RE.match(base):
+        if not PLAYBOOK_RE.fullmatch(base):
             raise ExecutionError(f"playbook name {name[:80]!r} is not <name>.yml")
         path = self.playbook_dir / base
         if not path.is_file():

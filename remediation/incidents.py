@@ -113,14 +113,16 @@ def normalise(alert: Alert, rule: Rule, catalog: XidCatalog) -> Incident | Rejec
     except ValidationError:
         return Rejected(f"label {node_label} is not a valid node name")
     raw_xid = labels.get(rule.xid_label)
-    if raw_xid is not None and _SMALL_INT.match(raw_xid) and 0 < int(raw_xid) < 1000:
+    if raw_xid is not None and _SMALL_INT.fullmatch(raw_xid) and 0 < int(raw_xid) < 1000:
         xid = int(raw_xid)
     elif raw_xid is None and rule.tier is not None:
         xid = 0
     else:
         return Rejected(f"label {rule.xid_label} is missing or not an XID number")
     raw_gpu = labels.get(rule.gpu_label)
-    gpu = int(raw_gpu) if raw_gpu is not None and _SMALL_INT.match(raw_gpu) and int(raw_gpu) < 64 else None
+    gpu = (
+        int(raw_gpu) if raw_gpu is not None and _SMALL_INT.fullmatch(raw_gpu) and int(raw_gpu) < 64 else None
+    )
     detail = XidDetail.from_annotations(dict(alert.annotations))
     tier = classify(rule, catalog, xid, detail)
     source = labels.get(SOURCE_LABEL, "")
@@ -139,7 +141,7 @@ def normalise(alert: Alert, rule: Rule, catalog: XidCatalog) -> Incident | Rejec
         rule=rule,
         detail=detail,
         message=sanitise(alert.annotations.get("message", "")),
-        source=source if _SOURCE.match(source) else "",
+        source=source if _SOURCE.fullmatch(source) else "",
     )
 
 

@@ -68,7 +68,7 @@ def parse_condition(text: str) -> tuple[Term, ...]:
     parts = [p.strip() for p in re.split(r"\s+and\s+", text.strip())]
     terms = []
     for part in parts:
-        m = _TERM.match(part)
+        m = _TERM.fullmatch(part)
         if m is None:
             raise ValueError(
                 f'unsupported condition term {part!r}: use event.alert.labels.<name> == "<value>"'
@@ -81,7 +81,7 @@ def parse_condition(text: str) -> tuple[Term, ...]:
 
 
 def parse_duration(text: str) -> int:
-    m = _DURATION.match(text.strip())
+    m = _DURATION.fullmatch(text.strip())
     if m is None:
         raise ValueError(f"{text!r} is not a duration like '10 minutes'")
     return int(m.group(1)) * _UNITS[m.group(2)]
@@ -89,7 +89,7 @@ def parse_duration(text: str) -> int:
 
 def check_extra_var(name: str, value: Any) -> Any:
     """Rule extra vars are static and typed: ints, floats, bools and plain strings only."""
-    if not _VAR_NAME.match(name):
+    if not _VAR_NAME.fullmatch(name):
         raise ValueError(f"extra var name {name!r} must match {_VAR_NAME.pattern}")
     if name in CONTRACT_VARS:
         raise ValueError(f"extra var {name!r} is set by the runner and cannot be set by a rule")
@@ -112,7 +112,7 @@ class _RunPlaybook(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        m = _PLAYBOOK.match(v)
+        m = _PLAYBOOK.fullmatch(v)
         if m is None:
             raise ValueError(f"{v!r}: a playbook is named like playbooks/<name>.yml (no paths)")
         return m.group(1)

@@ -107,6 +107,11 @@ class RunnerConfig(BaseModel):
     uncordon_check_seconds: float = Field(
         default=5.0, ge=0, description="how often to look for nodes uncordoned by hand (0: never)"
     )
+    journal_retention_days: float = Field(
+        default=90.0,
+        ge=0,
+        description="closed incidents older than this are pruned from the journal (0: never)",
+    )
     step_timeout_seconds: int = Field(default=900, ge=1)
     run_timeout_seconds: int = Field(default=3600, ge=1)
     grace_seconds: int = Field(default=120, ge=0)

@@ -56,6 +56,7 @@ from remediation.states import IN_REMEDIATION, IncidentState, RunStatus
 
 log = logging.getLogger(__name__)
 MIN_TICK_SECONDS = 0.05
+PRUNE_EVERY_SECONDS = 3600.0
 # A pool out of hot spares is capacity, not a failed remediation (docs/runbook.md): the incident
 # completes with this reason and the pool's one `pool.spares_exhausted` notification covers it.
 NO_SPARE_REASON = "no spare: jobs wait for capacity"
@@ -122,6 +123,7 @@ class Worker:
         self._lock = threading.Lock()  # guards the in-flight maps and sets above
         self._runner_lock: IO[str] | None = None  # flock: one runner per state dir (start())
         self._uncordon_checked = 0.0
+        self._pruned = 0.0  # the first tick prunes
         self._errors = Backoff(base=config.poll_seconds, cap=MAX_ERROR_BACKOFF_SECONDS)
 
     # lifecycle --------------------------------------------------------------------------------
@@ -229,6 +231,7 @@ class Worker:
     def tick(self) -> float | None:
         """Do what can be done now; returns seconds until a batch window closes, if waiting."""
         now = time.time()
+        self._prune(now)
         self._cancel_uncordoned(now)
         self._apply_cancels()
         if self.journal.setting(PAUSE_KEY, False):
@@ -256,6 +259,17 @@ class Worker:
         with self._lock:
             busy = bool(self._inflight or self._fencing)
         return len(pending) == 1 and not busy
+
+    def _prune(self, now: float) -> None:
+        """Once an hour, forget closed incidents past `journal_retention_days`: the journal is the
+        queue, and a queue that only grows slows every read of it."""
+        days = self.config.journal_retention_days
+        if not days or now - self._pruned < PRUNE_EVERY_SECONDS:
+            return
+        self._pruned = now
+        gone = self.journal.prune(now - days * 86400)
+        if gone:
+            log.info("journal: pruned %d incident(s) closed more than %g days ago", gone, days)
 
     def _cancel_uncordoned(self, now: float) -> None:
         """Uncordoning a node by hand cancels its incident (docs/architecture.md, "Safety"). A

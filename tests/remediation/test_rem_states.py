@@ -208,3 +208,19 @@ def test_run_by_hand_on_a_locked_node_fails_and_is_not_left_queued(tmp_path: Pat
     assert journal.incidents([S.ADMITTED]) == []
     [run] = journal.runs_of(inc.id)
     assert run.status is RunStatus.SKIPPED
+
+
+def test_the_worker_prunes_on_its_first_tick_and_then_hourly(runtime_factory):
+    rt = runtime_factory(journal_retention_days=30)
+    old = time.time() - 40 * 86400
+    with rt.journal.transaction(now=old) as tx:
+        iid = _open(tx)
+        tx.transition(iid, S.NOTIFIED, "x")
+    assert rt.worker is not None
+    rt.worker.tick()
+    assert rt.journal.incident(iid) is None
+    with rt.journal.transaction(now=old) as tx:
+        again = _open(tx, "gpu-2")
+        tx.transition(again, S.NOTIFIED, "x")
+    rt.worker.tick()
+    assert rt.journal.incident(again) is not None  # not before the hour is up

@@ -191,13 +191,16 @@ class KubeNodes:
 
     def __init__(self, kubeconfig: Path) -> None:
         self._kubeconfig = kubeconfig
+        self._api: Any = None
         self._core: Any = None
 
     def list(self) -> tuple[list[KubeNode], str]:
         from kubernetes import client, config
 
-        api = config.new_client_from_config(config_file=str(self._kubeconfig))  # type: ignore[no-untyped-call]
-        self._core = client.CoreV1Api(api)
+        if self._api is not None:
+            self._api.close()  # the previous relist's connection pool
+        self._api = config.new_client_from_config(config_file=str(self._kubeconfig))  # type: ignore[no-untyped-call]
+        self._core = client.CoreV1Api(self._api)
         data = json.loads(self._core.list_node(_preload_content=False, _request_timeout=30).data)
         return [KubeNode.from_object(i) for i in data.get("items") or []], str(
             data["metadata"]["resourceVersion"]

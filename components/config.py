@@ -131,6 +131,11 @@ class SlurmConfig(_Model):
     )
     slurm_user: str = Field(default="slurm", alias="slurmUser")
     grace_seconds: int = Field(default=120, ge=0, alias="graceSeconds")
+    # the stack's waitForRollout for Slurm alone (a lab whose real nodes run Slurm but have no
+    # dcgm-exporter image waits for Slurm and not for monitoring)
+    wait_for_rollout: bool | None = Field(default=None, alias="waitForRollout")
+    # taints slurmctld and login tolerate (a cluster, like the lab, whose every node is a GPU node)
+    tolerate_taints: list[TaintConfig] = Field(default_factory=list, alias="tolerateTaints")
 
 
 class MonitoringConfig(_Model):

@@ -122,7 +122,8 @@ def slurm_args(cfg: StackConfig, pools: list[GpuNodePool]) -> SlurmClusterArgs:
         login_service_type=sc.login_service_type,
         slurm_user=sc.slurm_user,
         grace_seconds=sc.grace_seconds,
-        wait_for_rollout=cfg.wait_for_rollout,
+        wait_for_rollout=cfg.wait_for_rollout if sc.wait_for_rollout is None else sc.wait_for_rollout,
+        tolerate=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in sc.tolerate_taints),
     )
 
 

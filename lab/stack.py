@@ -3,6 +3,11 @@
 The stack is the repository's own (`Pulumi.yaml`, `__main__.py`, `components/`); only the stack
 config is per lab: a copy of `Pulumi.lab.yaml` whose kubeconfig points at this lab, passed with
 `--config-file`, and a file backend inside the lab's run directory, so labs never share state.
+
+A lab with real nodes runs what it declares: the images are the ones `autoheal images build` made
+for it, by digest; SlurmCluster is awaited (its volumes come from the lab's provisioner), the
+login Service is a NodePort reachable from this host, and the lab's own ssh key (ssh_key()) is
+the declared authorized key. Monitoring is not awaited: the lab has no dcgm-exporter image.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -32,6 +38,45 @@ def available() -> bool:
     return (REPO / "Pulumi.yaml").exists() and (REPO / "Pulumi.lab.yaml").exists()
 
 
+def ssh_key(cfg: LabConfig) -> Path:
+    """The lab's ssh key for the login node (private; `.pub` beside it), made once per lab."""
+    key = cfg.run_dir / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"autoheal-lab-{cfg.name}", "-f", str(key)],
+            check=True,
+            capture_output=True,
+        )
+    return key
+
+
+def built_images(cfg: LabConfig) -> dict[str, str]:
+    """name -> reference by digest of the images this lab's real nodes run (none without them)."""
+    from lab.nodes import cluster
+
+    if not cfg.real_nodes or not cluster.enabled(cfg.run_dir):
+        return {}
+    return {img.name: img.ref for img in cluster.context(cfg.run_dir).images}
+
+
+def _real_node_config(cfg: LabConfig, conf: dict[str, Any]) -> None:
+    images = built_images(cfg)
+    slurm = conf.setdefault("autoheal:slurm", {})
+    if "slurm" in images:
+        slurm["images"] = dict.fromkeys(("controller", "slurmd", "login", "munge"), images["slurm"])
+    if "runner" in images:
+        conf.setdefault("autoheal:runner", {})["image"] = images["runner"]
+    key = ssh_key(cfg).with_suffix(".pub").read_text().strip()
+    slurm["authorizedKeys"] = [*slurm.get("authorizedKeys", []), key]
+    slurm["loginServiceType"] = "NodePort"
+    slurm["waitForRollout"] = True
+    # every lab node is a GPU node: slurmctld and login tolerate the pools' taints
+    slurm["tolerateTaints"] = [t for p in conf.get("autoheal:pools") or [] for t in p.get("taints", [])]
+    # a lab's disks are small: the declared sizes are capacity numbers only (hostPath)
+    slurm.setdefault("storage", {}).update(stateSize="1Gi", homeSize="1Gi", checkpointSize="1Gi")
+
+
 def _config_file(cfg: LabConfig) -> Path:
     data = yaml.safe_load((REPO / "Pulumi.lab.yaml").read_text())
     conf = data["config"]
@@ -48,6 +93,8 @@ def _config_file(cfg: LabConfig) -> Path:
                 "gpusPerNode": want.gpus_per_node,
             }
         )
+    if cfg.real_nodes:
+        _real_node_config(cfg, conf)
     path = cfg.run_dir / "pulumi" / f"Pulumi.{STACK}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -88,7 +135,8 @@ def _ensure_stack(cfg: LabConfig) -> Path:
 def up(cfg: LabConfig) -> str:
     """Create or update the lab stack; returns a one-line summary of what changed."""
     conf = _ensure_stack(cfg)
-    out = _run(cfg, "up", "--yes", "--skip-preview", "--config-file", str(conf))
+    # longer than the provider's own 10 min rollout wait, so its error (which pod, why) comes first
+    out = _run(cfg, "up", "--yes", "--skip-preview", "--config-file", str(conf), timeout=1200)
     return _summary(out)
 
 

@@ -24,6 +24,7 @@ from policy.rules import (
     STACK_RULE,
     controller_state_is_persistent,
     gpu_pool_has_spares_and_remediation,
+    images_pinned_by_digest,
     no_wildcard_rbac,
     stack_has_remediation,
     webhook_requires_token,
@@ -32,7 +33,9 @@ from policy.rules import (
 Rule = Callable[[str, Mapping[str, Any]], list[str]]
 
 
-def _resource_policy(name: str, description: str, rule: Rule) -> ResourceValidationPolicy:
+def _resource_policy(
+    name: str, description: str, rule: Rule, level: EnforcementLevel = EnforcementLevel.MANDATORY
+) -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
         for message in rule(args.resource_type, args.props):
             report(message, args.urn)
@@ -41,7 +44,7 @@ def _resource_policy(name: str, description: str, rule: Rule) -> ResourceValidat
         name=name,
         description=description,
         validate=validate,
-        enforcement_level=EnforcementLevel.MANDATORY,
+        enforcement_level=level,
     )
 
 
@@ -79,6 +82,13 @@ PolicyPack(
             "webhook-requires-token",
             "Alertmanager authenticates to the runner with a token from a Secret.",
             webhook_requires_token,
+        ),
+        _resource_policy(
+            "images-pinned-by-digest",
+            "Every container image is named by digest (repo@sha256:...), never by a tag alone.",
+            images_pinned_by_digest,
+            # advisory until the stack's default images are digests (policy/rules.py)
+            EnforcementLevel.ADVISORY,
         ),
     ],
 )

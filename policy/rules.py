@@ -12,6 +12,9 @@ The rules, and why:
   on a PersistentVolumeClaim, or a pod restart loses the job queue (or the incident record).
 * No wildcard RBAC: `*` in apiGroups, resources, verbs or nonResourceURLs grants more than anyone
   reviewed; the runner's role lists its verbs.
+* Images are pinned by digest (`images-pinned-by-digest`): a tag can move under a running pool.
+  Advisory in the pack for now: the stack's default images (ghcr.io tags) are not digests yet;
+  the lab's real-node stack already runs the digests `autoheal images build` produced.
 * The webhook requires a token: every Alertmanager webhook receiver authenticates with a token
   read from a Secret (a file or a Secret key selector, never inline), and the runner is given its
   token from a Secret.
@@ -299,6 +302,35 @@ def webhook_requires_token(resource_type: str, props: Mapping[str, Any]) -> list
     if resource_type in WORKLOAD_TYPES and labels.get(COMPONENT_LABEL) == RUNNER_COMPONENT:
         return _runner_token_violations(resource_type, name, props)
     return []
+
+
+# --- images pinned by digest ----------------------------------------------------------------
+
+
+def _digest_pinned(image: str) -> bool:
+    """`repo@sha256:<64 hex>`: the registry cannot hand a node something else under that name."""
+    _, at, digest = image.partition("@")
+    algo, _, hex_ = digest.partition(":")
+    return bool(at) and algo == "sha256" and len(hex_) == 64 and all(c in "0123456789abcdef" for c in hex_)
+
+
+def images_pinned_by_digest(resource_type: str, props: Mapping[str, Any]) -> list[str]:
+    """Every container (init containers and sidecars too) names its image by digest: a tag can
+    move, so two nodes of one pool could run different code and a rollback is not a rollback."""
+    if resource_type not in WORKLOAD_TYPES:
+        return []
+    name, _, _ = _meta(props)
+    spec = _pod_spec(resource_type, props)
+    found = []
+    for field in ("initContainers", "containers"):
+        for c in _seq(spec.get(field)):
+            image = _map(c).get("image")
+            if isinstance(image, str) and not _digest_pinned(image):
+                found.append(
+                    f"{name}: container {_map(c).get('name', '?')} image {image!r} is not pinned by "
+                    "digest; use repo@sha256:... (`autoheal images build` prints the references)"
+                )
+    return found
 
 
 RESOURCE_RULES = {

@@ -2,7 +2,7 @@
 
 In its own namespace, one child component per part of the architecture:
 
-* `SlurmConfig` (config.py): slurm.conf / gres.conf / topology.conf and the munge key;
+* `SlurmConfig` (config.py): slurm.conf, each pool's gres.conf and the munge key;
 * `SlurmSharedStorage` (storage.py): /home and /checkpoints, shared by login and workers;
 * `SlurmController` (controller.py): slurmctld, its state on a PersistentVolumeClaim;
 * `SlurmLogin` (login.py): sshd with the users' keys and a host key made once;
@@ -22,22 +22,23 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import kube
-from components.common import await_annotations, base_labels, child
+from components.common import Taint, await_annotations, base_labels, child
 from components.nodepool import PoolPlacement
-from components.slurm.config import SlurmConfig, SlurmConfigArgs, render_topology_conf, slurm_conf_spec
+from components.slurm.config import SlurmConfig, SlurmConfigArgs, slurm_conf_spec
 from components.slurm.controller import SlurmController, SlurmControllerArgs
 from components.slurm.layout import DEFAULT_IMAGE, STATE_DIR
 from components.slurm.login import SlurmLogin, SlurmLoginArgs
+from components.slurm.scripts import ClusterUser
 from components.slurm.storage import SlurmSharedStorage, SlurmStorage
 from components.slurm.workers import SlurmWorkers, SlurmWorkersArgs
 
 __all__ = [
     "STATE_DIR",
+    "ClusterUser",
     "SlurmCluster",
     "SlurmClusterArgs",
     "SlurmImages",
     "SlurmStorage",
-    "render_topology_conf",
     "slurm_conf_spec",
 ]
 
@@ -62,6 +63,9 @@ class SlurmClusterArgs:
     slurm_user: str = "slurm"
     grace_seconds: int = 120
     wait_for_rollout: bool = True
+    user: ClusterUser = field(default_factory=ClusterUser)  # who logs in and runs jobs
+    # taints slurmctld and the login node tolerate: none by default (they belong on system nodes)
+    tolerate: Sequence[Taint] = ()
 
     def validate(self, name: str) -> None:
         if not self.pools:
@@ -89,16 +93,21 @@ class SlurmCluster(pulumi.ComponentResource):
         )
         ns = self.namespace.metadata.name
         skip = await_annotations(args.wait_for_rollout)
+        tolerations = [t.toleration() for t in args.tolerate]
         self.config = SlurmConfig(f"{name}-config", name, _config_args(args, ns), opts=child(self))
         parts = self.config.parts
         self.storage = SlurmSharedStorage(f"{name}-storage", name, args.storage, ns, skip, opts=child(self))
         self.controller = SlurmController(
             f"{name}-controller",
             name,
-            SlurmControllerArgs(ns, args.images.controller, args.storage, parts, skip),
+            SlurmControllerArgs(
+                ns, args.images.controller, args.storage, parts, skip, args.slurm_user, args.user, tolerations
+            ),
             opts=child(self),
         )
-        self.login = SlurmLogin(f"{name}-login", name, self._login_args(args, ns, skip), opts=child(self))
+        self.login = SlurmLogin(
+            f"{name}-login", name, self._login_args(args, ns, skip, tolerations), opts=child(self)
+        )
         self.workers = {
             p.pool.name: SlurmWorkers(
                 f"{name}-workers-{p.pool.name}", name, self._workers_args(args, p, ns, skip), opts=child(self)
@@ -128,7 +137,11 @@ class SlurmCluster(pulumi.ComponentResource):
         return self.login.host_key
 
     def _login_args(
-        self, args: SlurmClusterArgs, ns: pulumi.Input[str], skip: dict[str, str]
+        self,
+        args: SlurmClusterArgs,
+        ns: pulumi.Input[str],
+        skip: dict[str, str],
+        tolerations: list[k8s.core.v1.TolerationArgs],
     ) -> SlurmLoginArgs:
         return SlurmLoginArgs(
             namespace=ns,
@@ -140,6 +153,8 @@ class SlurmCluster(pulumi.ComponentResource):
             shared_volumes=self.storage.volumes,
             shared_mounts=self.storage.mounts,
             annotations=skip,
+            user=args.user,
+            tolerations=tolerations,
         )
 
     def _workers_args(
@@ -154,6 +169,7 @@ class SlurmCluster(pulumi.ComponentResource):
             shared_volumes=self.storage.volumes,
             shared_mounts=self.storage.mounts,
             annotations=skip,
+            user=args.user,
         )
 
 

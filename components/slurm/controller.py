@@ -3,7 +3,9 @@
 slurmctld's StateSaveLocation (the job queue, the node states the runbook set) is on a
 PersistentVolumeClaim from a volumeClaimTemplate, retained when the StatefulSet is deleted or
 scaled, so a restart or a reschedule loses nothing. A headless Service gives the pod the stable
-DNS name slurm.conf names (`slurmctld-0.slurmctld.<namespace>.svc.cluster.local`).
+DNS name slurm.conf names (`slurmctld-0.slurmctld.<namespace>.svc.cluster.local`). slurmctld
+starts as root and drops to SlurmUser, so the init container hands that user the state volume
+and the pid directory (a fresh volume is root's).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import pulumi_kubernetes as k8s
 from autoheal import labels as lb
 from components import kube
 from components.common import SubComponent, base_labels
+from components.slurm import scripts
 from components.slurm.config import SlurmPodParts
-from components.slurm.layout import CONFIG_DIR, CONTROLLER_PORT, STATE_DIR
+from components.slurm.layout import CONFIG_DIR, CONTROLLER_PORT, RUN_DIR, STATE_DIR
+from components.slurm.scripts import ClusterUser
 from components.slurm.storage import SlurmStorage
 
 
@@ -28,6 +32,9 @@ class SlurmControllerArgs:
     storage: SlurmStorage
     parts: SlurmPodParts
     annotations: dict[str, str]  # on the Service and the StatefulSet (e.g. skipAwait)
+    slurm_user: str
+    user: ClusterUser
+    tolerations: list[k8s.core.v1.TolerationArgs]
 
 
 class SlurmController(SubComponent):
@@ -71,13 +78,39 @@ def _state_claim(storage: SlurmStorage) -> k8s.core.v1.PersistentVolumeClaimArgs
 
 
 def _pod(args: SlurmControllerArgs) -> k8s.core.v1.PodSpecArgs:
+    dirs = k8s.core.v1.ContainerArgs(
+        name="state-owner",
+        image=args.image,
+        command=scripts.script(scripts.owned_dirs(args.slurm_user, STATE_DIR, RUN_DIR)),
+        volume_mounts=[kube.mount("state", STATE_DIR), kube.mount("run", RUN_DIR)],
+    )
     slurmctld = k8s.core.v1.ContainerArgs(
         name="slurmctld",
         image=args.image,
-        command=["slurmctld", "-D", "-f", f"{CONFIG_DIR}/slurm.conf"],
+        # -D: foreground, its log copied to the container's output (`kubectl logs`)
+        command=scripts.script(
+            scripts.ensure_user(args.user),
+            scripts.wait_for_munge(),
+            f"exec slurmctld -D -f {CONFIG_DIR}/slurm.conf",
+        ),
         ports=[k8s.core.v1.ContainerPortArgs(name="slurmctld", container_port=CONTROLLER_PORT)],
-        volume_mounts=[*args.parts.mounts, kube.mount("state", STATE_DIR)],
-        readiness_probe=kube.tcp_probe(CONTROLLER_PORT, 5),
-        liveness_probe=kube.tcp_probe(CONTROLLER_PORT, 30, 20),
+        volume_mounts=[*args.parts.mounts, kube.mount("state", STATE_DIR), kube.mount("run", RUN_DIR)],
+        # `scontrol ping`, not a TCP probe: slurmctld logs every connection that sends nothing
+        readiness_probe=_ping(period=3, failures=3),
+        liveness_probe=_ping(period=20, failures=6),
     )
-    return k8s.core.v1.PodSpecArgs(containers=[slurmctld, args.parts.munge], volumes=args.parts.volumes)
+    return k8s.core.v1.PodSpecArgs(
+        tolerations=args.tolerations,
+        init_containers=[args.parts.munge_init, dirs, args.parts.munge],
+        containers=[slurmctld],
+        volumes=[*args.parts.volumes, kube.empty_dir("run")],
+    )
+
+
+def _ping(period: int, failures: int) -> k8s.core.v1.ProbeArgs:
+    return k8s.core.v1.ProbeArgs(
+        exec_=k8s.core.v1.ExecActionArgs(command=["sh", "-c", "scontrol ping | grep -q ' is UP'"]),
+        period_seconds=period,
+        timeout_seconds=10,
+        failure_threshold=failures,
+    )

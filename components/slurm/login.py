@@ -4,6 +4,8 @@ sshd runs in a Deployment behind a Service (ClusterIP, NodePort or LoadBalancer)
 keys come from the arguments (a ConfigMap); its ed25519 host key is generated once
 (components.secrets.SshHostKey) into a Secret, so users' known_hosts entries survive a restart.
 The login node mounts the Slurm configuration, munge and the shared /home and /checkpoints.
+Users log in as the cluster's user (scripts.ClusterUser) with a key from the declared list: no
+passwords, no root login, no PAM (a container has no login session to register).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from autoheal import labels as lb
 from components import kube
 from components.common import SubComponent, base_labels, content_hash
 from components.secrets import SshHostKey
+from components.slurm import scripts
 from components.slurm.config import SlurmPodParts
 from components.slurm.layout import AUTHORIZED_KEYS_DIR, CONFIG_DIR, HOST_KEY_DIR, SSH_PORT
+from components.slurm.scripts import ClusterUser
 
 HOST_KEY_FILE = "ssh_host_ed25519_key"
 
@@ -35,6 +39,8 @@ class SlurmLoginArgs:
     shared_volumes: Sequence[k8s.core.v1.VolumeArgs]
     shared_mounts: Sequence[k8s.core.v1.VolumeMountArgs]
     annotations: dict[str, str]  # on the Deployment and the Service (e.g. skipAwait)
+    user: ClusterUser
+    tolerations: list[k8s.core.v1.TolerationArgs]
 
 
 class SlurmLogin(SubComponent):
@@ -85,7 +91,9 @@ class SlurmLogin(SubComponent):
         self, args: SlurmLoginArgs, host_key: pulumi.Input[str], keys: pulumi.Input[str]
     ) -> k8s.apps.v1.Deployment:
         pod = k8s.core.v1.PodSpecArgs(
-            containers=[_sshd(args), args.parts.munge],
+            tolerations=args.tolerations,
+            init_containers=[args.parts.munge_init, args.parts.munge],
+            containers=[_sshd(args)],
             volumes=[
                 *args.parts.volumes,
                 *args.shared_volumes,
@@ -110,11 +118,13 @@ def _sshd(args: SlurmLoginArgs) -> k8s.core.v1.ContainerArgs:
     return k8s.core.v1.ContainerArgs(
         name="sshd",
         image=args.image,
-        command=["/usr/sbin/sshd", "-D", "-e", "-h", f"{HOST_KEY_DIR}/{HOST_KEY_FILE}"],
-        env=[
-            kube.env("AUTHORIZED_KEYS_FILE", f"{AUTHORIZED_KEYS_DIR}/authorized_keys"),
-            kube.env("SLURM_CONF", f"{CONFIG_DIR}/slurm.conf"),
-        ],
+        command=scripts.script(
+            scripts.ensure_user(args.user),
+            scripts.owned_dirs(args.user.name, f"/home/{args.user.name}"),
+            "install -d -m 0755 /run/sshd",  # sshd's privilege separation directory
+            " ".join(_sshd_argv()),
+        ),
+        env=[kube.env("SLURM_CONF", f"{CONFIG_DIR}/slurm.conf")],
         ports=[k8s.core.v1.ContainerPortArgs(name="ssh", container_port=SSH_PORT)],
         volume_mounts=[
             *args.parts.mounts,
@@ -122,6 +132,20 @@ def _sshd(args: SlurmLoginArgs) -> k8s.core.v1.ContainerArgs:
             kube.mount("authorized-keys", AUTHORIZED_KEYS_DIR, read_only=True),
             kube.mount("host-key", HOST_KEY_DIR, read_only=True),
         ],
-        readiness_probe=kube.tcp_probe(SSH_PORT, 5),
+        readiness_probe=kube.tcp_probe(SSH_PORT, 1, 3),
         liveness_probe=kube.tcp_probe(SSH_PORT, 30, 20),
     )
+
+
+def _sshd_argv() -> list[str]:
+    options = {
+        "AuthorizedKeysFile": f"{AUTHORIZED_KEYS_DIR}/authorized_keys",
+        # the keys file is a ConfigMap file (a symlink in a root-owned, kubelet-made directory)
+        "StrictModes": "no",
+        "UsePAM": "no",
+        "PasswordAuthentication": "no",
+        "KbdInteractiveAuthentication": "no",
+        "PermitRootLogin": "no",
+    }
+    argv = ["exec", "/usr/sbin/sshd", "-D", "-e", "-h", f"{HOST_KEY_DIR}/{HOST_KEY_FILE}"]
+    return argv + [f"-o{k}={v}" for k, v in options.items()]

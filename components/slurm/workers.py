@@ -1,12 +1,21 @@
 """SlurmWorkers: one slurmd DaemonSet per GPU pool, on that pool's nodes with all their GPUs.
 
-A DaemonSet (not a StatefulSet) keeps the Slurm node name equal to the Kubernetes node name
-(`slurmd -N $(NODE_NAME)`), the identity the runbook uses by default, and it follows
-replacements: a node the pool controller adds gets its slurmd with no change to anything Pulumi
-owns. The pods are pinned to the pool's label, tolerate the pool's taints and the hot-spare taint
-(spares run slurmd too, DRAIN until promoted), and request every GPU of the node. The update
-strategy is `OnDelete`, so a config change never restarts slurmd under a running training job;
-configuration reaches running slurmd through the mounted ConfigMap and `scontrol reconfigure`.
+Slurm node identity follows the Kubernetes node whatever its name: slurmd starts as a *dynamic
+node* (`slurmd -Z -N $(NODE_NAME) --conf "<the pool's CPUs, GRES, feature>"`), as Slinky's
+slurm-operator does, instead of a fixed `NodeName=prefix-[1-N]` list in slurm.conf. Why: cloud
+nodes are named like `ip-10-0-3-17.ec2.internal` and a replacement gets a new name, which a static
+list can neither predict nor resolve; a dynamic node registers with slurmctld from wherever its
+pod runs (slurmctld keeps the address it registered from), joins its pool's partition through the
+`pool_<name>` feature (a NodeSet), and is deleted from Slurm when its pod stops
+(`scontrol delete nodename`), so a retired node leaves. soperator's alternative, a StatefulSet
+whose pod names are the Slurm names, would break the runbook's one name for a node.
+
+The pods run on the pod network (as in Slinky): each has its own hostname and address, which is
+what `srun hostname` and Slurm's node-to-node traffic see. They are pinned to the pool's label,
+tolerate the pool's taints and the hot-spare taint (spares run slurmd too), and request every GPU
+of the node; each pool's gres.conf names the device files the GPU device plugin puts in the pod.
+The update strategy is `OnDelete`, so a config change never restarts slurmd under a running
+training job. The pod is Ready once slurmctld knows its node (`scontrol show node`).
 """
 
 from __future__ import annotations
@@ -18,11 +27,14 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from autoheal import labels as lb
+from autoheal.slurmconf import dynamic_node_conf
 from components import kube
 from components.common import SubComponent, base_labels
 from components.nodepool import PoolPlacement
-from components.slurm.config import SlurmPodParts
-from components.slurm.layout import CONFIG_DIR, SLURMD_PORT, SPOOL_DIR
+from components.slurm import scripts
+from components.slurm.config import CONFIG_VOLUME, SlurmPodParts
+from components.slurm.layout import CONFIG_DIR, RUN_DIR, SLURMD_PORT, SPOOL_DIR
+from components.slurm.scripts import ClusterUser
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,7 @@ class SlurmWorkersArgs:
     shared_volumes: Sequence[k8s.core.v1.VolumeArgs]
     shared_mounts: Sequence[k8s.core.v1.VolumeMountArgs]
     annotations: dict[str, str]  # on the DaemonSet (e.g. skipAwait)
+    user: ClusterUser
 
 
 class SlurmWorkers(SubComponent):
@@ -48,7 +61,7 @@ class SlurmWorkers(SubComponent):
         labels = {**base_labels(f"slurmd-{pool}", "slurmd"), lb.POOL_LABEL: pool}
         self.daemon_set = k8s.apps.v1.DaemonSet(
             f"{owner}-slurmd-{pool}",
-            metadata=kube.meta(f"slurmd-{pool}", args.namespace, labels, args.annotations),
+            metadata=kube.meta(f"slurmd-{pool}", args.namespace, labels, _await(args)),
             spec=k8s.apps.v1.DaemonSetSpecArgs(
                 selector=kube.selector(labels),
                 update_strategy=k8s.apps.v1.DaemonSetUpdateStrategyArgs(type="OnDelete"),
@@ -61,32 +74,73 @@ class SlurmWorkers(SubComponent):
 
 def _pod(args: SlurmWorkersArgs) -> k8s.core.v1.PodSpecArgs:
     placement = args.placement
+    parts = args.parts
     return k8s.core.v1.PodSpecArgs(
-        host_network=True,
-        dns_policy="ClusterFirstWithHostNet",
         # slurmd gets the job's grace period (KillWait) and some time to report back.
         termination_grace_period_seconds=args.grace_seconds + 30,
         affinity=kube.required_node_affinity(
             [kube.node_has(k, v) for k, v in sorted(placement.selector.items())]
         ),
         tolerations=placement.tolerations(),
-        containers=[_slurmd(args), args.parts.munge],
-        volumes=[*args.parts.volumes, *args.shared_volumes, kube.empty_dir("spool")],
+        init_containers=[parts.munge_init, parts.munge],
+        containers=[_slurmd(args)],
+        volumes=[
+            parts.pool_config_volume(placement.pool.name),
+            *[v for v in parts.volumes if v.name != CONFIG_VOLUME],
+            *args.shared_volumes,
+            kube.empty_dir("spool"),
+        ],
     )
+
+
+def _await(args: SlurmWorkersArgs) -> dict[str, str]:
+    """What `pulumi up` waits for: every node the pool starts with (actives and spares) running a
+    Ready slurmd. Not the provider's own DaemonSet await: with `OnDelete` no pod is ever updated
+    in place, so after a template change it would wait for an update that never comes (measured:
+    `pulumi up` hung until its timeout)."""
+    if args.annotations:  # skipAwait: a lab without kubelets
+        return args.annotations
+    pool = args.placement.pool
+    return {"pulumi.com/waitFor": f"jsonpath={{.status.numberReady}}={pool.size + pool.spares}"}
+
+
+# On SIGTERM (pod deletion, drain, eviction): stop slurmd, then take the node out of Slurm, so a
+# retired Kubernetes node leaves Slurm rather than lingering DOWN. Slurm refuses to delete a node
+# that still has a job: then it stays, DOWN, for the runbook to see.
+_RUN_SLURMD = """set +e
+slurmd -D -Z -N "$NODE_NAME" --conf "$NODE_CONF" -f {conf} &
+pid=$!
+trap 'kill -TERM $pid; wait $pid; scontrol delete nodename="$NODE_NAME"; exit 0' TERM
+wait $pid
+exit $?"""
 
 
 def _slurmd(args: SlurmWorkersArgs) -> k8s.core.v1.ContainerArgs:
     gpus = str(args.placement.pool.gpus_per_node)
+    known = k8s.core.v1.ProbeArgs(
+        exec_=k8s.core.v1.ExecActionArgs(command=["sh", "-c", 'scontrol show node "$NODE_NAME" >/dev/null']),
+        period_seconds=5,
+        timeout_seconds=5,
+        failure_threshold=3,
+    )
     return k8s.core.v1.ContainerArgs(
         name="slurmd",
         image=args.image,
-        command=["slurmd", "-D", "-N", "$(NODE_NAME)", "-f", f"{CONFIG_DIR}/slurm.conf"],
-        env=[kube.field_env("NODE_NAME", "spec.nodeName")],
+        command=scripts.script(
+            scripts.ensure_user(args.user),
+            f"install -d {RUN_DIR}",
+            scripts.wait_for_munge(),
+            _RUN_SLURMD.format(conf=f"{CONFIG_DIR}/slurm.conf"),
+        ),
+        env=[
+            kube.field_env("NODE_NAME", "spec.nodeName"),
+            kube.env("NODE_CONF", dynamic_node_conf(args.placement.pool)),
+        ],
         ports=[k8s.core.v1.ContainerPortArgs(name="slurmd", container_port=SLURMD_PORT)],
         resources=k8s.core.v1.ResourceRequirementsArgs(
             requests={lb.GPU_RESOURCE: gpus}, limits={lb.GPU_RESOURCE: gpus}
         ),
         volume_mounts=[*args.parts.mounts, *args.shared_mounts, kube.mount("spool", SPOOL_DIR)],
-        readiness_probe=kube.tcp_probe(SLURMD_PORT, 5),
-        liveness_probe=kube.tcp_probe(SLURMD_PORT, 30, 20),
+        # no TCP liveness probe (slurmd logs each empty connection): the container ends with slurmd
+        readiness_probe=known,
     )

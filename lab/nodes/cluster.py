@@ -24,6 +24,7 @@ from lab.nodes import cgroups, files, net, node
 from lab.nodes.node import LabContext, NodeSpec
 
 Progress = Callable[[str], None]
+LAB_SERVICES = ("apiproxy", "coredns", "provisioner")  # one of each per lab, beside the nodes
 DNS_HEALTH_PORT = 8080
 DNS_READY_PORT = 8181
 
@@ -115,8 +116,8 @@ def start(
     progress: Progress = _quiet,
     timeout: float = 300,
 ) -> LabContext:
-    """Build (or reuse) the images, start the API forwarder and CoreDNS, then the nodes
-    (name, labels, taints, gpus); returns once all are Ready."""
+    """Build (or reuse) the images, start the API forwarder, CoreDNS and the volume provisioner,
+    then the nodes (name, labels, taints, gpus); returns once all are Ready."""
     state = _read(run_dir)
     if state is None:
         raise LabError("real nodes: call prepare() before the control plane starts")
@@ -131,6 +132,7 @@ def start(
     ctx = context(run_dir)
     start_apiproxy(ctx)
     start_dns(ctx)
+    start_provisioner(ctx)
     for name, labels, taints, gpus in specs:
         add(run_dir, name, labels, taints, gpus, progress=progress, timeout=timeout)
     return ctx
@@ -157,6 +159,25 @@ def start_apiproxy(ctx: LabContext) -> None:
             return True
 
     procs.wait_until(listening, 15, "apiproxy", proc)
+
+
+def volumes_dir(run_dir: Path) -> Path:
+    return run_dir / "volumes"
+
+
+def start_provisioner(ctx: LabContext) -> None:
+    """The lab's dynamic volume provisioner (lab.nodes.provisioner) and its default StorageClass."""
+    from lab.nodes.provisioner import STORAGE_CLASS
+
+    kubeconfig = ctx.run_dir / "kubeconfig"
+    argv = [sys.executable, "-m", "lab.nodes.provisioner", f"--kubeconfig={kubeconfig}"]
+    proc = procs.spawn("provisioner", [*argv, f"--root={volumes_dir(ctx.run_dir)}"], ctx.run_dir)
+
+    def ready() -> bool:
+        with kube.http_client(kubeconfig, pool=1) as http:
+            return http.get(f"/apis/storage.k8s.io/v1/storageclasses/{STORAGE_CLASS}").status_code == 200
+
+    procs.wait_until(ready, 30, "provisioner", proc)
 
 
 def start_dns(ctx: LabContext) -> None:
@@ -287,7 +308,7 @@ def sync_routes(run_dir: Path) -> None:
 def status(run_dir: Path) -> dict[str, bool]:
     """service -> running, for the lab-wide services and every service of every real node."""
     running = procs.running(run_dir)
-    out = {s: s in running for s in ("apiproxy", "coredns")}
+    out = {s: s in running for s in LAB_SERVICES}
     for name in names(run_dir):
         for service in node.SERVICES:
             out[node.proc_name(name, service)] = node.proc_name(name, service) in running
@@ -301,7 +322,7 @@ def teardown(run_dir: Path) -> list[str]:
     lab = net.lab_id(run_dir)
     pid_dir = procs.pid_dir(run_dir)
     ours = sorted(p.stem for p in pid_dir.glob("node-*.json")) if pid_dir.is_dir() else []
-    stopped = procs.stop_many(run_dir, [*ours, "apiproxy", "coredns"])
+    stopped = procs.stop_many(run_dir, [*ours, *LAB_SERVICES])
     cgroups.remove(cgroups.lab_group(lab))
     state = _read(run_dir)
     if state is not None:
@@ -316,4 +337,6 @@ def teardown(run_dir: Path) -> list[str]:
         for name in state.get("nodes", {}):
             shutil.rmtree(Path(state["sock_dir"]) / f"n{state['nodes'][name]['index']}", ignore_errors=True)
     state_file(run_dir).unlink(missing_ok=True)
+    # the volumes' API objects went with the control plane: their directories are orphans
+    shutil.rmtree(volumes_dir(run_dir), ignore_errors=True)
     return stopped

@@ -280,7 +280,11 @@ def test_policy_pack_module_builds_the_pack(monkeypatch):
     monkeypatch.setattr(pulumi_policy, "PolicyPack", FakePack)
     runpy.run_path(str(rules.__file__).replace("rules.py", "__main__.py"), run_name="__main__")
     assert made["name"] == "autoheal"
-    assert set(made["policies"]) == {*rules.RESOURCE_RULES, "gpu-pools-have-a-runner"}
+    assert set(made["policies"]) == {
+        *rules.RESOURCE_RULES,
+        "gpu-pools-have-a-runner",
+        "images-pinned-by-digest",
+    }
 
 
 def test_preview_check_judges_the_resources_of_a_preview_json(tmp_path, capsys):

@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 
-from autoheal.labels import SPARE_REASON
-from autoheal.slurmconf import range_names
+from components.common import Taint
 from components.nodepool import GpuNodePool, GpuNodePoolArgs
-from components.slurm import STATE_DIR, SlurmCluster, SlurmClusterArgs, SlurmImages
+from components.slurm import STATE_DIR, ClusterUser, SlurmCluster, SlurmClusterArgs, SlurmImages
 from tests.components.harness import Recorded, pod_spec, run_program
 
 
@@ -18,46 +17,35 @@ def _conf(lab: Recorded, key: str) -> str:
     return str(lab.one("kubernetes:core/v1:ConfigMap", "slurm-config").inputs["data"][key])
 
 
-def _node_lines(conf: str) -> dict[str, str]:
-    """Node name -> the NodeName line whose hostlist run covers it."""
-    return {
-        node: line
-        for line in conf.splitlines()
-        if line.startswith("NodeName=")
-        for node in range_names(line.split()[0].removeprefix("NodeName="))
-    }
-
-
-def test_slurm_conf_lists_every_node_of_the_pool_with_its_gres(lab):
-    nodes = _node_lines(_conf(lab, "slurm.conf"))
-    assert list(nodes) == [f"gpu-{i}" for i in range(1, 13)]
-    assert all("Gres=gpu:h100:8" in line and "Feature=pool_h100" in line for line in nodes.values())
-
-
-def test_spares_are_drained_with_our_reason_and_headroom_is_future(lab):
-    nodes = _node_lines(_conf(lab, "slurm.conf"))
-    for n in ("gpu-1", "gpu-2", "gpu-3", "gpu-4"):
-        assert "State=" not in nodes[n]
-    for n in ("gpu-5", "gpu-6"):
-        assert f'State=DRAIN Reason="{SPARE_REASON}"' in nodes[n]
-    for i in range(7, 13):
-        assert nodes[f"gpu-{i}"].endswith("State=FUTURE")
+def test_slurm_conf_declares_no_node_but_room_and_a_node_set_per_pool(lab):
+    conf = _conf(lab, "slurm.conf")
+    # dynamic nodes: each slurmd registers itself under its Kubernetes node's name
+    assert not [line for line in conf.splitlines() if line.startswith("NodeName=")]
+    assert "MaxNodeCount=12" in conf.splitlines()  # size 4 + spares 2 + headroom 6
+    assert "NodeSet=ns_h100 Feature=pool_h100" in conf
+    assert "PartitionName=h100 Nodes=ns_h100 MaxTime=INFINITE State=UP" in conf
+    assert "PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP" in conf
 
 
 def test_controller_address_and_state_location(lab):
     conf = _conf(lab, "slurm.conf")
     assert "SlurmctldHost=slurmctld-0(slurmctld-0.slurmctld.slurm.svc.cluster.local)" in conf
     assert f"StateSaveLocation={STATE_DIR}" in conf
-    assert "PartitionName=h100 Nodes=gpu-[1-12] " in conf
-    assert "TopologyPlugin=topology/tree" in conf
+    assert "SlurmUser=slurm" in conf
 
 
-def test_gres_and_topology_conf_per_pool(lab):
-    gres = _conf(lab, "gres.conf").splitlines()
-    assert "NodeName=gpu-[1-12] Name=gpu Type=h100 File=/dev/nvidia[0-7]" in gres
-    topo = _conf(lab, "topology.conf")
-    assert "SwitchName=h100 Nodes=gpu-1,gpu-2," in topo
-    assert "SwitchName=root Switches=h100" in topo
+def test_each_pool_has_its_gres_conf_mounted_as_gres_conf_for_its_slurmd(lab):
+    assert _conf(lab, "gres-h100.conf").splitlines()[1:] == [
+        "AutoDetect=off",
+        "Name=gpu Type=h100 File=/dev/nvidia[0-7]",
+    ]
+    assert "NodeName" not in _conf(lab, "gres.conf")  # the controller's and login's: no devices
+    spec = pod_spec(lab.one("kubernetes:apps/v1:DaemonSet", "slurmd-h100"))
+    vol = next(v for v in spec["volumes"] if v["name"] == "slurm-config")
+    assert vol["configMap"]["items"] == [
+        {"key": "slurm.conf", "path": "slurm.conf"},
+        {"key": "gres-h100.conf", "path": "gres.conf"},
+    ]
 
 
 def test_controller_state_is_on_a_persistent_volume_claim(lab):
@@ -73,7 +61,10 @@ def test_controller_state_is_on_a_persistent_volume_claim(lab):
         "whenScaled": "Retain",
     }
     assert spec["replicas"] == 1 and spec["serviceName"] == "slurmctld"
-    assert ctld["readinessProbe"]["tcpSocket"]["port"] == 6817
+    assert "scontrol ping" in ctld["readinessProbe"]["exec"]["command"][-1]
+    # slurmctld drops to SlurmUser: an init container gives it the (root-owned) fresh volume
+    owner = next(c for c in spec["template"]["spec"]["initContainers"] if c["name"] == "state-owner")
+    assert f"install -d -o slurm -g slurm -m 0755 {STATE_DIR}" in owner["command"][-1]
 
 
 def test_munge_key_is_generated_and_mounted_read_only(lab):
@@ -89,7 +80,16 @@ def test_munge_key_is_generated_and_mounted_read_only(lab):
         spec = pod_spec(lab.one(kind, name))
         vol = next(v for v in spec["volumes"] if v["name"] == "munge-key")
         assert vol["secret"] == {"secretName": "munge-key", "defaultMode": 0o400}
-        assert any(c["name"] == "munged" for c in spec["containers"])
+        inits = {c["name"]: c for c in spec["initContainers"]}
+        # munged refuses the Secret's symlink: a copy owned by munge, 0400, in a 0700 directory
+        copy = inits["munge-key"]["command"][-1]
+        assert "install -d -o munge -g munge -m 0700 /etc/munge" in copy
+        assert "install -o munge -g munge -m 0400 /etc/munge-secret/munge.key /etc/munge/munge.key" in copy
+        # munged is a native sidecar: up before the daemon, down after it
+        munged = inits["munged"]
+        assert munged["restartPolicy"] == "Always"
+        assert munged["command"][:4] == ["runuser", "-u", "munge", "--"]
+        assert list(inits) == ["munge-key", *(["state-owner"] if name == "slurmctld" else []), "munged"]
 
 
 def test_slurmd_runs_on_the_pools_nodes_with_all_their_gpus(lab):
@@ -108,10 +108,15 @@ def test_slurmd_runs_on_the_pools_nodes_with_all_their_gpus(lab):
         "requests": {"nvidia.com/gpu": "8"},
         "limits": {"nvidia.com/gpu": "8"},
     }
-    # Slurm node name == Kubernetes node name, the runbook's default identity.
-    assert slurmd["command"][:4] == ["slurmd", "-D", "-N", "$(NODE_NAME)"]
-    assert slurmd["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert slurmd["livenessProbe"]["tcpSocket"]["port"] == 6818
+    # a dynamic node named after the Kubernetes node, declaring the pool's resources and feature
+    script = slurmd["command"][-1]
+    assert 'slurmd -D -Z -N "$NODE_NAME" --conf "$NODE_CONF"' in script
+    assert 'scontrol delete nodename="$NODE_NAME"' in script  # a stopped pod's node leaves Slurm
+    env = {e["name"]: e for e in slurmd["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NODE_CONF"]["value"] == "CPUs=2 RealMemory=1000 Gres=gpu:h100:8 Feature=pool_h100"
+    assert 'scontrol show node "$NODE_NAME"' in slurmd["readinessProbe"]["exec"]["command"][-1]
+    assert not spec.get("hostNetwork")  # the pod network, as Slinky: a hostname per slurmd
     # A config change must not restart slurmd under a running job.
     assert ds.inputs["spec"]["updateStrategy"] == {"type": "OnDelete"}
 
@@ -181,8 +186,10 @@ def test_each_pool_gets_its_own_slurmd_set_and_partition():
     a100 = pod_spec(rec.one("kubernetes:apps/v1:DaemonSet", "slurmd-a100"))["containers"][0]
     assert a100["resources"]["limits"] == {"nvidia.com/gpu": "4"}
     conf = rec.one("kubernetes:core/v1:ConfigMap", "slurm-config").inputs["data"]["slurm.conf"]
-    assert "PartitionName=a100 Nodes=a-[1-2] " in conf
-    assert "NodeName=a-2 CPUs=2 RealMemory=1000 Gres=gpu:a100:4 Feature=pool_a100 State=DRAIN" in conf
+    assert "PartitionName=a100 Nodes=ns_a100 MaxTime=INFINITE State=UP" in conf
+    assert {"name": "NODE_CONF", "value": "CPUs=2 RealMemory=1000 Gres=gpu:a100:4 Feature=pool_a100"} in a100[
+        "env"
+    ]
 
 
 def test_slurm_cluster_needs_a_pool():
@@ -200,6 +207,33 @@ def test_login_host_key_is_generated_once_and_mounted_for_sshd(lab):
     vol = next(v for v in spec["volumes"] if v["name"] == "host-key")
     assert vol["secret"] == {"secretName": "slurm-login-hostkey", "defaultMode": 0o400}
     sshd = next(c for c in spec["containers"] if c["name"] == "sshd")
-    key_path = sshd["command"][sshd["command"].index("-h") + 1]
+    argv = sshd["command"][-1].splitlines()[-1].split()
+    key_path = argv[argv.index("-h") + 1]
     mount = next(m for m in sshd["volumeMounts"] if m["name"] == "host-key")
     assert key_path == f"{mount['mountPath']}/ssh_host_ed25519_key"
+
+
+def test_login_takes_keys_only_for_the_cluster_user_and_slurm_pods_know_that_user():
+    rec = _one_pool_cluster(user=ClusterUser("ada", 2001, 2001))
+    sshd = pod_spec(rec.one("kubernetes:apps/v1:Deployment", "slurm-login"))["containers"][0]
+    script = sshd["command"][-1]
+    for option in ("-oUsePAM=no", "-oPasswordAuthentication=no", "-oPermitRootLogin=no"):
+        assert option in script
+    assert "-oAuthorizedKeysFile=/etc/ssh/autoheal/authorized_keys" in script
+    for kind, name in (
+        ("kubernetes:apps/v1:StatefulSet", "slurmctld"),
+        ("kubernetes:apps/v1:Deployment", "slurm-login"),
+        ("kubernetes:apps/v1:DaemonSet", "slurmd-a100"),
+    ):
+        main = pod_spec(rec.one(kind, name))["containers"][0]["command"][-1]
+        # the same uid everywhere: slurmctld resolves the submitter, slurmd runs the job as it
+        assert "useradd -u 2001 -g 2001 -M -d /home/ada -s /bin/bash -p '*' ada" in main
+
+
+def test_controller_and_login_tolerate_only_the_declared_taints():
+    plain = _one_pool_cluster()
+    assert "tolerations" not in pod_spec(plain.one("kubernetes:apps/v1:StatefulSet", "slurmctld"))
+    rec = _one_pool_cluster(tolerate=[Taint("nvidia.com/gpu", value="present")])
+    want = [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}]
+    assert pod_spec(rec.one("kubernetes:apps/v1:StatefulSet", "slurmctld"))["tolerations"] == want
+    assert pod_spec(rec.one("kubernetes:apps/v1:Deployment", "slurm-login"))["tolerations"] == want

@@ -30,7 +30,7 @@ description:
   - >-
     Opted-out nodes keep their jobs - with O(kubernetes), a node labelled O(opt_out_label)=true,
     or running a live pod so labelled, is read first (concurrently with the drain) and not
-    signalled; a node whose labels could not be read is not signalled either (RV(jobs.unchecked)).
+    signalled; a node whose labels could not be read is not signalled either (C(unchecked) in RV(jobs)).
   - An administrator's drain reason, and a cordon someone else set, are left alone (reported).
 version_added: 0.2.0
 author: autoheal maintainers (@autoheal-project)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoheal import __version__
 from remediation.errors import IllegalTransition, JournalError
 from remediation.states import (
     CANCELLABLE_NOW,
@@ -48,7 +49,7 @@ TIMELINE_PHASES = (
     "resolved",
 )
 
-SCHEMA_VERSION = 2  # PRAGMA user_version; 0 = a file from before versioning (the v1 schema)
+SCHEMA_VERSION = 3  # PRAGMA user_version; 0 = a file from before versioning (the v1 schema)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS alerts (
     id INTEGER PRIMARY KEY,
@@ -108,7 +109,8 @@ CREATE TABLE IF NOT EXISTS runs (
     events_path TEXT NOT NULL DEFAULT '',
     events_offset INTEGER NOT NULL DEFAULT 0,
     source TEXT NOT NULL DEFAULT 'worker',
-    detail TEXT NOT NULL DEFAULT ''
+    detail TEXT NOT NULL DEFAULT '',
+    autoheal_version TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS steps (
     id INTEGER PRIMARY KEY,
@@ -148,6 +150,10 @@ _MIGRATIONS: dict[int, str] = {
 UPDATE runs SET status='cancelled' WHERE status='canceled';
 CREATE INDEX IF NOT EXISTS incidents_closed ON incidents (closed_at);
 CREATE INDEX IF NOT EXISTS alerts_received ON alerts (received_at);
+""",
+    # v2 -> v3: the autoheal release that started each run (runs from before it: '')
+    2: """
+ALTER TABLE runs ADD COLUMN autoheal_version TEXT NOT NULL DEFAULT '';
 """,
 }
 
@@ -208,6 +214,7 @@ class RunRecord:
     events_offset: int
     source: str
     detail: str
+    autoheal_version: str  # the release that started the run ('' before schema v3)
 
     def as_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -444,7 +451,7 @@ class Tx:
     ) -> int:
         cur = self.conn.execute(
             "INSERT INTO runs (playbook, incident_ids, nodes, check_mode, status, started_at,"
-            " owner_pid, private_dir, events_path, source) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            " owner_pid, private_dir, events_path, source, autoheal_version) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (
                 playbook,
                 json.dumps(list(incident_ids)),
@@ -456,6 +463,7 @@ class Tx:
                 private_dir,
                 events_path,
                 source,
+                __version__,
             ),
         )
         if cur.lastrowid is None:

@@ -16,6 +16,7 @@ import yaml
 from autoheal import __version__
 from components.runner import RemediationRunnerArgs
 from components.xid_watcher import DEFAULT_WATCHER_IMAGE
+from remediation.journal import Journal
 from tests.packaging.conftest import REPO, Dist
 
 COLLECTION = REPO / "collections/ansible_collections/autoheal/cluster"
@@ -58,3 +59,15 @@ def test_wheel_metadata_has_the_version(dist: Dist) -> None:
     with zipfile.ZipFile(dist.wheel) as whl:
         meta = whl.read(f"autoheal-{__version__}.dist-info/METADATA").decode()
     assert f"\nVersion: {__version__}\n" in meta
+
+
+def test_every_run_records_the_version(tmp_path: Path) -> None:
+    """The journal keeps, for every run, the release that started it (schema v3)."""
+    journal = Journal(tmp_path / "journal.sqlite")
+    with journal.transaction() as tx:
+        run_id = tx.create_run(
+            playbook="fence.yml", incident_ids=[], nodes=["gpu-1"], check_mode=True, source="manual"
+        )
+    [run] = [r for r in journal.runs() if r.id == run_id]
+    assert run.autoheal_version == __version__
+    journal.close()

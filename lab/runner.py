@@ -41,6 +41,8 @@ def write_config(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> Pat
         "autoheal_lab_root": str(cfg.root),
         "autoheal_backend": "lab",
         "autoheal_grace_seconds": cfg.grace_seconds,
+        # the recovery ladder's bundles for the vendor (issue 15), beside the runner's journal
+        "autoheal_evidence_dir": str(d / "evidence"),
     }
     if cfg.kubeconfig.exists():
         play_vars["autoheal_kubeconfig"] = str(cfg.kubeconfig)

@@ -131,9 +131,9 @@ class Fleet(Collector):
         injected (it is consumed: the next check may pass). `peek` reads the GPUs without running
         a check (the evidence bundle): nothing is consumed or recorded."""
         with self.lock:
-            failures = [
-                f"GPU {g}: XID {x}" for (n, g), x in sorted(self.xids.items()) if n == node and x
-            ] + [f"GPU {g}: lost (not on the bus)" for n, g in sorted(self.lost) if n == node]
+            failures = [f"GPU {g}: XID {x}" for (n, g), x in sorted(self.xids.items()) if n == node and x] + [
+                f"GPU {g}: lost (not on the bus)" for n, g in sorted(self.lost) if n == node
+            ]
             if self.health_failures.get(node, 0) > 0 and not peek:
                 self.health_failures[node] -= 1
                 failures.append("injected diagnostic failure")

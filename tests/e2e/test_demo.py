@@ -102,10 +102,11 @@ def test_demo_gpu_dies_and_job_resumes(tmp_path: Path) -> None:
             assert phase in seen, f"phase {phase} missing from the report: {seen}"
         assert seen["received"] <= seen["fenced"] <= seen["job_running"] <= seen["first_step"]
 
-        # Slurm: the faulty node is out of service, with the runbook's own reason
+        # Slurm: the faulty node is out of service, with the runbook's own reason; XID 79 is
+        # RESTART_BM first (issue 15), so by now it may be back in the spare set, validated
         st = slurm.node_states(cfg)[node]
         assert {"DOWN", "DRAIN", "DRAINED"} & set(st["state"]), st
-        assert st["reason"].startswith(REASON_PREFIX) and st["reason"] != SPARE_REASON, st
+        assert st["reason"].startswith(REASON_PREFIX), st
 
         # Kubernetes: it was cordoned, tainted and labelled quarantined before it was retired
         assert node in watch.quarantined, f"{node} never seen quarantined (errors: {watch.errors[:3]})"

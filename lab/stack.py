@@ -112,8 +112,25 @@ def _run(cfg: LabConfig, *args: str, timeout: float = 600) -> str:
     if res.returncode != 0:
         log = cfg.run_dir / "logs" / "pulumi.log"
         log.write_text(res.stdout + res.stderr)
-        raise LabError(f"pulumi {args[0]}: exit {res.returncode}; see {log}: {res.stderr.strip()[-300:]}")
+        why = _unready(cfg) if args[0] == "up" else ""
+        raise LabError(
+            f"pulumi {args[0]}: exit {res.returncode}; see {log}: {res.stderr.strip()[-300:]}{why}"
+        )
     return res.stdout
+
+
+def _unready(cfg: LabConfig) -> str:
+    """What the provider's rollout error leaves out: each unready container's state and last log
+    lines (lab.nodes.podreport); empty when the lab has no real nodes or nothing is unready."""
+    if not cfg.real_nodes:
+        return ""
+    from lab.nodes import podreport
+
+    try:
+        text = podreport.report(cfg.kubeconfig)
+    except Exception as exc:  # the report must never hide the error it explains
+        return f"\n(pods not reported: {exc})"
+    return f"\nPods not Ready:\n{text}" if text else ""
 
 
 def _ensure_stack(cfg: LabConfig) -> Path:

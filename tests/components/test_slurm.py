@@ -232,7 +232,7 @@ def test_login_takes_keys_only_for_the_cluster_user_and_slurm_pods_know_that_use
 
 def test_controller_and_login_tolerate_only_the_declared_taints():
     plain = _one_pool_cluster()
-    assert "tolerations" not in pod_spec(plain.one("kubernetes:apps/v1:StatefulSet", "slurmctld"))
+    assert not pod_spec(plain.one("kubernetes:apps/v1:StatefulSet", "slurmctld")).get("tolerations")
     rec = _one_pool_cluster(tolerate=[Taint("nvidia.com/gpu", value="present")])
     want = [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}]
     assert pod_spec(rec.one("kubernetes:apps/v1:StatefulSet", "slurmctld"))["tolerations"] == want

@@ -143,7 +143,8 @@ def test_up_creates_the_stack_in_the_cluster(pulumi: Run, api: Any) -> None:
     pool = json.loads(core.read_namespaced_config_map("autoheal-pool-h100", "autoheal").data["pool.json"])
     assert (pool["size"], pool["spares"]) == (4, 2)
     conf = core.read_namespaced_config_map("slurm-config", "slurm").data["slurm.conf"]
-    assert "NodeName=gpu-[5-6] CPUs=2 RealMemory=1000 Gres=gpu:h100:8 Feature=pool_h100 State=DRAIN" in conf
+    # dynamic nodes: room for size + spares + headroom, the pool found by its feature
+    assert "MaxNodeCount=12" in conf and "NodeSet=ns_h100 Feature=pool_h100" in conf
     role: Any = RbacAuthorizationV1Api(api).read_cluster_role("autoheal-runner")
     assert sorted((r.resources[0], tuple(r.verbs)) for r in role.rules) == [
         ("nodes", ("get", "list", "watch", "patch")),
@@ -211,7 +212,7 @@ def test_adding_a_pool_adds_exactly_that_pools_resources(
         ("autoheal:slurm:SlurmWorkers", "slurm-workers-a100"),
         ("kubernetes:apps/v1:DaemonSet", "slurm-slurmd-a100"),
     }
-    # The generated Slurm config names the new nodes; the controller and login roll with it.
+    # The generated Slurm config gains the pool's NodeSet; the controller and login roll with it.
     assert others <= {
         ("update", "kubernetes:core/v1:ConfigMap", "slurm-config"),
         ("update", "kubernetes:apps/v1:StatefulSet", "slurm-slurmctld"),
@@ -220,7 +221,7 @@ def test_adding_a_pool_adds_exactly_that_pools_resources(
     assert ("update", "kubernetes:core/v1:ConfigMap", "slurm-config") in others
     pulumi("up", "--yes", "--skip-preview")
     conf = _core(kube.api_client(cp.kubeconfig)).read_namespaced_config_map("slurm-config", "slurm")
-    assert "PartitionName=a100 Nodes=a-[1-2] " in conf.data["slurm.conf"]
+    assert "PartitionName=a100 Nodes=ns_a100 " in conf.data["slurm.conf"]
 
 
 def test_destroy_removes_everything(pulumi: Run, api: Any) -> None:

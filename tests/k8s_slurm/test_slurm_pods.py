@@ -1,0 +1,223 @@
+"""SlurmCluster on the lab's real nodes: `pulumi up` with rollout waits goes green, a researcher
+ssh-es to the login Service with the declared key, `sbatch`es a 2-node job whose steps run in the
+slurmd pods, and a slurmd pod that stops takes its node out of Slurm until its successor joins.
+
+Skipped only when the real-node tools are missing (as tests/nodes). Prints what it measured:
+`pulumi up` time, pod start times and the sbatch round trip.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab import kube, stack
+from lab import lab as labmod
+from lab.config import LabConfig, PoolConfig
+from lab.nodes import podreport
+from tests.nodes.conftest import require_real_nodes
+from tests.support import port_base, wait_for
+
+pytestmark = pytest.mark.timeout(1500)
+NS = "slurm"
+JOB = """#!/bin/bash
+#SBATCH -N 2
+#SBATCH --gres=gpu:h100:1
+#SBATCH -o job-%j.out
+srun bash -c 'echo "$(hostname) $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"'
+"""
+
+
+def _get(cfg: LabConfig, path: str) -> Any:
+    with kube.http_client(cfg.kubeconfig, pool=1) as http:
+        r = http.get(path)
+        r.raise_for_status()
+        return r.json()
+
+
+def _pods(cfg: LabConfig) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = _get(cfg, f"/api/v1/namespaces/{NS}/pods")["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+
+
+def _start_seconds(pod: dict[str, Any]) -> float:
+    """Created -> Ready, from the pod's own timestamps."""
+    made = datetime.fromisoformat(pod["metadata"]["creationTimestamp"])
+    ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
+    return (datetime.fromisoformat(ready["lastTransitionTime"]) - made).total_seconds()
+
+
+class Login:
+    """ssh to the login Service's NodePort, checking the host key the stack generated."""
+
+    def __init__(self, cfg: LabConfig, tmp: Path) -> None:
+        svc = _get(cfg, f"/api/v1/namespaces/{NS}/services/slurm-login")
+        self.port = svc["spec"]["ports"][0]["nodePort"]
+        node = _get(cfg, "/api/v1/nodes")["items"][0]
+        self.host = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+        secret = _get(cfg, f"/api/v1/namespaces/{NS}/secrets/slurm-login-hostkey")
+        import base64
+
+        host_key = base64.b64decode(secret["data"]["ssh_host_ed25519_key.pub"]).decode().split()
+        self.known_hosts = tmp / "known_hosts"
+        self.known_hosts.write_text(f"[{self.host}]:{self.port} {host_key[0]} {host_key[1]}\n")
+        self.key = stack.ssh_key(cfg)
+
+    def run(self, command: str, stdin: str = "", check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = [
+            "ssh",
+            "-i",
+            str(self.key),
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=10",
+            "-p",
+            str(self.port),
+            f"researcher@{self.host}",
+            command,
+        ]
+        res = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60, check=False)
+        if check:
+            assert res.returncode == 0, f"ssh {command!r}: exit {res.returncode}: {res.stderr}"
+        return res
+
+
+def _job_state(login: Login, job: str) -> str:
+    out = login.run(f"scontrol show job {job} -o").stdout
+    return next(f.split("=", 1)[1] for f in out.split() if f.startswith("JobState="))
+
+
+def test_pulumi_up_on_real_nodes_then_sbatch_over_ssh_runs_in_the_slurmd_pods(tmp_path: Path) -> None:
+    require_real_nodes()
+    if not stack.available():
+        pytest.skip("SLURM PODS NOT TESTED: pulumi or its Kubernetes provider is not built")
+    if shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("SLURM PODS NOT TESTED: the ssh client is not installed")
+    cfg = LabConfig(
+        name="a-k8sslurm",
+        root=tmp_path,
+        port_base=port_base(27900),
+        pools=[PoolConfig(size=2, spares=0, headroom=1, gpus_per_node=4)],
+        real_nodes=2,
+        runner=False,
+        watchers=False,
+    )
+    try:
+        labmod.up(cfg)
+        t0 = time.monotonic()
+        summary = stack.up(cfg)
+        up_s = time.monotonic() - t0
+        print(f"\n[slurm pods] pulumi up with rollout waits on 2 real nodes: {up_s:.1f}s ({summary})")
+        pods = _pods(cfg)
+        for p in pods:
+            print(
+                f"[slurm pods] {p['metadata']['name']} on {p['spec']['nodeName']}: Ready in {_start_seconds(p):.1f}s"
+            )
+        # waitForRollout held: everything is Ready the moment `pulumi up` returns
+        assert all(_ready(p) for p in pods), [p["metadata"]["name"] for p in pods if not _ready(p)]
+        slurmd = {
+            p["spec"]["nodeName"]: p["metadata"]["name"] for p in pods if "slurmd" in p["metadata"]["name"]
+        }
+        assert sorted(slurmd) == ["gpu-1", "gpu-2"]
+        pvcs = _get(cfg, f"/api/v1/namespaces/{NS}/persistentvolumeclaims")["items"]
+        assert {c["metadata"]["name"]: c["status"]["phase"] for c in pvcs} == {
+            "slurm-home": "Bound",
+            "slurm-checkpoints": "Bound",
+            "state-slurmctld-0": "Bound",
+        }
+
+        login = Login(cfg, tmp_path)
+        # the Slurm nodes are the Kubernetes nodes, found by themselves (dynamic nodes)
+        assert login.run("sinfo -h -N -p h100 -o '%N %t'").stdout.split("\n")[:2] == [
+            "gpu-1 idle",
+            "gpu-2 idle",
+        ]
+        assert "JOBID" in login.run("squeue").stdout
+        t1 = time.monotonic()
+        job = login.run("cat > job.sh && sbatch --parsable job.sh", stdin=JOB).stdout.strip()
+        wait_for(
+            lambda: _job_state(login, job) in ("COMPLETED", "FAILED", "CANCELLED"), 90, f"job {job} to end"
+        )
+        round_trip = time.monotonic() - t1
+        assert _job_state(login, job) == "COMPLETED"
+        print(f"[slurm pods] sbatch over ssh -> 2-node job COMPLETED: {round_trip:.1f}s")
+        lines = sorted(login.run(f"cat job-{job}.out").stdout.split("\n")[:2])
+        # each step ran inside a slurmd pod (its hostname), as that node, with the one GPU it got
+        assert lines == sorted([f"{slurmd['gpu-1']} gpu-1 0", f"{slurmd['gpu-2']} gpu-2 0"]), lines
+
+        # a slurmd pod that stops takes its node out of Slurm; its successor joins by itself
+        with kube.http_client(cfg.kubeconfig, pool=1) as http:
+            r = http.delete(f"/api/v1/namespaces/{NS}/pods/{slurmd['gpu-1']}")
+            assert r.status_code == 200, r.text
+        wait_for(lambda: "gpu-1" not in login.run("sinfo -h -N -o %N").stdout, 60, "gpu-1 to leave Slurm")
+        t2 = time.monotonic()
+        wait_for(
+            lambda: any(
+                _ready(p) and p["spec"]["nodeName"] == "gpu-1"
+                for p in _pods(cfg)
+                if "slurmd" in p["metadata"]["name"]
+            ),
+            120,
+            "gpu-1's new slurmd pod Ready",
+        )
+        print(
+            f"[slurm pods] a deleted slurmd pod's node left Slurm; its successor rejoined in {time.monotonic() - t2:.1f}s"
+        )
+        assert "gpu-1 idle" in login.run("sinfo -h -N -p h100 -o '%N %t'").stdout
+
+        # a pod that never becomes Ready is explained: pod, container, state and its last log lines
+        _crashing_pod(cfg, next(c["image"] for c in pods[0]["spec"]["containers"]))
+        # (between restarts a crashing container without a readiness probe is briefly Ready)
+        text = wait_for(
+            lambda: next(
+                (t for t in [podreport.report(cfg.kubeconfig, ["default"])] if "boom: 3" in t), None
+            ),
+            90,
+            "the crash report",
+        )
+        assert "pod default/a-crash container c: " in text and "exit" in text, text
+        assert "no such file /etc/slurm/missing.conf" in text, text
+        assert "pod slurm/" not in text  # Ready pods are left out
+    finally:
+        labmod.down(cfg)
+
+
+def _crashing_pod(cfg: LabConfig, image: str) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "a-crash"},
+        "spec": {
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": image,
+                    "command": [
+                        "sh",
+                        "-c",
+                        "echo boom: 1; echo boom: 2; echo boom: 3; "
+                        "echo no such file /etc/slurm/missing.conf; exit 3",
+                    ],
+                }
+            ],
+        },
+    }
+    with kube.http_client(cfg.kubeconfig, pool=1) as http:
+        r = http.post("/api/v1/namespaces/default/pods", json=pod)
+        assert r.status_code == 201, r.text

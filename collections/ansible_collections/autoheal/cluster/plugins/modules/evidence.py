@@ -95,10 +95,10 @@ import os
 import re
 import tarfile
 import time
-import urllib.request
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes
 
 # what the vendor wants from the kernel log: the driver's fault lines and the GPU announcements
@@ -130,7 +130,7 @@ def driver_lines(path: str) -> list[str]:
 
 def node_metrics(url: str, node: str) -> list[str]:
     """The exposition lines of `url` that belong to `node` (label Hostname)."""
-    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - an operator-given URL
+    with open_url(url, timeout=10) as resp:  # an operator-given URL (the node's metrics endpoint)
         text = resp.read(8 << 20).decode("utf-8", errors="replace")
     mark = f'Hostname="{node}"'
     return [ln for ln in text.splitlines() if mark in ln and not ln.startswith("#")]

@@ -318,26 +318,12 @@ class Worker:
                 if d.action == "notify":
                     tx.transition(d.incident_id, IncidentState.NOTIFIED, d.reason, dry_run=d.dry_run)
                     tx.timeline(d.incident_id, "notified", "ok", source="runner", detail=d.reason)
-                elif d.action == "hold":
+                else:  # held by a budget, or admitted to run: the same record, another state
+                    state = IncidentState.HELD if d.action == "hold" else IncidentState.ADMITTED
                     tx.transition(
-                        d.incident_id,
-                        IncidentState.HELD,
-                        d.reason,
-                        tier=d.tier,
-                        opt_out=d.opt_out,
-                        dry_run=d.dry_run,
+                        d.incident_id, state, d.reason, tier=d.tier, opt_out=d.opt_out, dry_run=d.dry_run
                     )
-                    tx.timeline(d.incident_id, "held", "ok", source="runner", detail=d.reason)
-                else:
-                    tx.transition(
-                        d.incident_id,
-                        IncidentState.ADMITTED,
-                        d.reason,
-                        tier=d.tier,
-                        opt_out=d.opt_out,
-                        dry_run=d.dry_run,
-                    )
-                    tx.timeline(d.incident_id, "admitted", "ok", source="runner", detail=d.reason)
+                    tx.timeline(d.incident_id, state.value, "ok", source="runner", detail=d.reason)
         crash_point("decided")
         for d in decisions:
             self.metrics.decisions.labels(action=d.action).inc()

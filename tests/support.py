@@ -7,6 +7,7 @@ their lab tests on one machine at the same time without fighting over loopback p
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -64,3 +65,11 @@ def processes_pointing_into(*dirs: Path | str) -> dict[int, str]:
         if inside(cmd) or inside(env) or inside(cwd) or any(inside(f) for f in files):
             found[int(entry.name)] = cmd.strip() or f"[{cwd}]"
     return found
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (for servers a test starts; a fixed port may be taken)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import socket
 import subprocess
 import tarfile
 import time
@@ -19,13 +18,7 @@ from images import oci
 from images.build import build
 from images.debian import BuildError
 from images.push import destination, push
-from tests.support import wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support import free_port, wait_for
 
 
 def _tar(path: Path, files: dict[str, bytes]) -> Path:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import tarfile
 import zipfile
@@ -19,7 +18,7 @@ import pytest
 import yaml
 
 from tests.packaging.conftest import REPO, VERSION, Dist, Installed, run
-from tests.support import wait_for
+from tests.support import free_port, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -101,13 +100,6 @@ def test_installed_cli_runs_from_the_wheel(installed: Installed, tmp_path: Path)
     assert "79" in xids and "fallen off the bus" in xids.lower()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _runner_config(installed: Installed, tmp: Path, **play_vars: str) -> Path:
     """A runner config as a user writes one, pointing at the installed rules and playbooks."""
     (tmp / "token").write_text("t0ken-for-the-test\n")
@@ -115,7 +107,7 @@ def _runner_config(installed: Installed, tmp: Path, **play_vars: str) -> Path:
     cfg.write_text(
         yaml.safe_dump(
             {
-                "listen_port": _free_port(),
+                "listen_port": free_port(),
                 "token_file": "token",
                 "journal_path": "journal.sqlite",
                 "state_dir": "state",

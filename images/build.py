@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from autoheal import __version__
 from images import debian, oci, python
 from images.debian import BuildError
 from images.recipes import PYTHON, RECIPE_REV, RECIPES, Recipe
@@ -117,13 +118,20 @@ def _prune(root: Path, name: str, keep: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def image_tag(key: str) -> str:
+    """`<release>-<content key>`: which autoheal built it (issue 19: one version for the package,
+    the collection and the images), and which inputs, so two builds of one release never share a tag."""
+    return f"{__version__}-{key[:12]}"
+
+
 def _finish(recipe: Recipe, key: str, layout: Path, layers: list[oci.Layer], seconds: float) -> BuiltImage:
-    man = oci.write_image(layout, layers, recipe.runtime, recipe.repository, tag=key[:12])
+    tag = image_tag(key)
+    man = oci.write_image(layout, layers, recipe.runtime, recipe.repository, tag=tag, version=__version__)
     img = BuiltImage(
         name=recipe.name,
         key=key,
         repository=recipe.repository,
-        tag=key[:12],
+        tag=tag,
         digest=man.digest,
         layout=str(layout),
         size=oci.image_size(layout),
@@ -151,7 +159,8 @@ def _debian_layer(recipe: Recipe, root: Path, work: Path, layout: Path, hooks: S
 
 
 def _build_plain(recipe: Recipe, root: Path, progress: Progress) -> BuiltImage:
-    key = _digest(_recipe_parts(recipe))
+    # the release is an input: its number is in the tag and the manifest, so a new release rebuilds
+    key = _digest([__version__, *_recipe_parts(recipe)])
     layout = root / f"{recipe.name}-{key}"
     if (img := _load(layout)) is not None:
         return img
@@ -210,7 +219,7 @@ def _runner_base(recipe: Recipe, root: Path, progress: Progress) -> tuple[Path, 
 def _build_runner(recipe: Recipe, root: Path, progress: Progress) -> BuiltImage:
     base, base_layer, base_seconds = _runner_base(recipe, root, progress)
     proj = python.project_root()
-    key = _digest([base_layer.blob.digest, python.project_hash(proj)])
+    key = _digest([__version__, base_layer.blob.digest, python.project_hash(proj)])
     layout = root / f"{recipe.name}-{key}"
     if (img := _load(layout)) is not None:
         return img

@@ -127,7 +127,9 @@ def add_layer(layout: Path, tar: Path, level: int = 6) -> Layer:
     return Layer(Descriptor(LAYER_GZIP, digest, out.size), "sha256:" + diff.hexdigest())
 
 
-def write_image(layout: Path, layers: list[Layer], runtime: RuntimeConfig, name: str, tag: str) -> Descriptor:
+def write_image(
+    layout: Path, layers: list[Layer], runtime: RuntimeConfig, name: str, tag: str, version: str = ""
+) -> Descriptor:
     """Write config, manifest and index for `layers`; return the manifest's descriptor.
 
     `name` is the fully qualified repository (e.g. ``localhost/autoheal/slurm``): CRI looks images up
@@ -153,7 +155,10 @@ def write_image(layout: Path, layers: list[Layer], runtime: RuntimeConfig, name:
         "mediaType": MANIFEST,
         "config": cfg.as_dict(),
         "layers": [layer.blob.as_dict() for layer in layers],
-        "annotations": {"org.opencontainers.image.title": name},
+        "annotations": {
+            "org.opencontainers.image.title": name,
+            **({"org.opencontainers.image.version": version} if version else {}),
+        },
     }
     man = _put_json(layout, manifest, MANIFEST)
     index = {

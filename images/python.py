@@ -30,7 +30,22 @@ from autoheal.paths import data_root
 from images.debian import BuildError
 
 # what the runner needs from the project's data root at run time (ansible.cfg points at these)
-DATA_ITEMS = ("ansible.cfg", "playbooks", "roles", "collections", "config", "inventory")
+# The data root the wheel installs (setup.py DATA, pinned equal by tests/packaging/test_wheel.py):
+# the image carries what a wheel user gets, the example job and the monitoring files included.
+DATA_ITEMS = (
+    "ansible.cfg",
+    "Pulumi.yaml",
+    "Pulumi.lab.yaml",
+    "Pulumi.example-eks.yaml",
+    "__main__.py",
+    "playbooks",
+    "roles",
+    "collections",
+    "config",
+    "inventory",
+    "examples",
+    "monitoring",
+)
 # Ansible collections the runbook uses (kubernetes.core's k8s modules, community.general filters).
 # The `ansible` package ships them among ~90 others (~470 MB): only these two go into the image.
 COLLECTIONS = ("kubernetes/core", "community/general")

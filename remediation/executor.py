@@ -30,7 +30,7 @@ from typing import IO, Any
 
 import ansible_runner
 
-from autoheal import proc
+from autoheal import __version__, proc
 from autoheal.errors import ValidationError
 from autoheal.names import validate_node_name
 from remediation.errors import ExecutionError, NodeBusyError
@@ -104,6 +104,8 @@ class PlayVars:
                 "autoheal_journal_events": str(self.journal_events),
                 "autoheal_done_phases": done,
                 "autoheal_stop_after": self.stop_after,
+                # the release that acts: the audit role labels the Kubernetes Events with it
+                "autoheal_version": __version__,
             }
         )
         return out

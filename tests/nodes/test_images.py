@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from autoheal import __version__
 from images import oci
 from images.build import build
 from images.debian import BuildError
@@ -76,6 +77,12 @@ def test_images_build_once_then_come_from_the_cache() -> None:
     for img in again.values():
         oci.verify(Path(img.layout))
         assert img.ref == f"localhost/autoheal/{img.name}@{img.digest}"
+        # issue 19: the image says which release built it, in its tag and in its manifest
+        assert img.tag == f"{__version__}-{img.key[:12]}", img.tag
+        index = json.loads((Path(img.layout) / "index.json").read_text())
+        manifest_blob = index["manifests"][0]["digest"].split(":", 1)[1]
+        manifest = json.loads((Path(img.layout) / "blobs" / "sha256" / manifest_blob).read_text())
+        assert manifest["annotations"]["org.opencontainers.image.version"] == __version__
     sizes = {n: round(i.size / 1e6, 1) for n, i in again.items()}
     print(f"\n[images] sizes (MB, compressed): {sizes}; cached build of all three: {took:.1f}s")
 

@@ -178,3 +178,20 @@ def test_installed_play_in_check_mode(installed: Installed, slurm_lab: Path, tmp
     assert tasks and all(t["task_path"].startswith(str(installed.share)) for t in tasks), tasks
     drain = [t for t in tasks if t["task"] == "Set the Slurm state of the batch to drain"]
     assert drain and drain[0]["res"]["changed_nodes"] == ["gpu-1"], drain
+
+
+def test_the_runner_image_carries_the_data_root_the_wheel_installs() -> None:
+    """setup.py DATA (the wheel's share/autoheal) and images/python.py DATA_ITEMS (the runner
+    image's) are one list: the image once lacked examples/ and monitoring/."""
+    import ast
+
+    from images.python import DATA_ITEMS
+
+    tree = ast.parse((REPO / "setup.py").read_text())
+    (data,) = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "DATA" for t in node.targets)
+    ]
+    assert tuple(DATA_ITEMS) == tuple(data)

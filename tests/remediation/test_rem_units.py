@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from autoheal import __version__
 from remediation.auth import check_bearer, load_token
 from remediation.config import NotifySink
 from remediation.errors import AuthError, ExecutionError, NodeBusyError, RunnerConfigError
@@ -70,6 +71,7 @@ def test_play_vars_render_the_contract():
         "autoheal_journal_events": "/tmp/e.jsonl",
         "autoheal_done_phases": {"gpu-1": ["fenced"]},
         "autoheal_stop_after": "",
+        "autoheal_version": __version__,
     }
     assert _vars(stop_after="fenced").extravars()["autoheal_stop_after"] == "fenced"
 

@@ -161,6 +161,10 @@ def test_kube_events_are_named_per_incident_node_and_phase_and_never_repeated():
     assert [o["involvedObject"]["name"] for o in objs] == ["a"]  # b is not in Kubernetes
     assert objs[0]["reason"] == "AutohealFenced" and objs[0]["type"] == "Normal"
     assert objs[0]["metadata"]["annotations"] == {"autoheal.io/incident": "i1"}
+    # issue 19: the release that acted; by hand (no version passed) the collection's own
+    assert objs[0]["metadata"]["labels"]["app.kubernetes.io/version"] == events.collection_version() != ""
+    given = events.kube_events(evs, [], ["a"], version="9.9.9")
+    assert given[0]["metadata"]["labels"]["app.kubernetes.io/version"] == "9.9.9"
     assert events.kube_events(evs, [objs[0]["metadata"]["name"]], ["a"]) == []
     failed = events.kube_events(events.phase_events(["a"], {}, "drained", "failed", detail="pdb"), [], ["a"])
     assert failed[0]["type"] == "Warning" and failed[0]["message"].endswith(": pdb")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from autoheal import __version__
 from tests.runbook.conftest import REPO, VENV_BIN, ansible_env, run_playbook
 from tests.support import wait_for
 
@@ -202,8 +203,15 @@ def test_gpu_fatal_xid_fences_requeues_onto_the_promoted_spare_and_resumes_from_
             promoted = lab.kube_node("gpu-5")
             assert "autoheal.io/spare" not in promoted["metadata"]["labels"]
             assert not [t for t in promoted["spec"].get("taints", []) if t["key"] == "autoheal.io/spare"]
-            events = lab.kubectl("get", "events", "--field-selector", "involvedObject.name=gpu-1")
-            assert "AutohealFenced" in events
+            events = lab.kubectl(
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=gpu-1",
+                "-l",
+                f"app.kubernetes.io/version={__version__}",
+            )
+            assert "AutohealFenced" in events  # labelled with the release that acted (issue 19)
 
         # a second run changes nothing
         again = run_playbook("gpu_fatal_xid", extra, tmp=tmp_path)

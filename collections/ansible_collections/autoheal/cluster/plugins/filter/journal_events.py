@@ -10,16 +10,34 @@ the source of the Kubernetes Events the audit role creates (`kube_events`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+import yaml
 from ansible_collections.autoheal.cluster.plugins.module_utils.contract import INCIDENT_ANNOTATION
 
 Event = dict[str, Any]
 Detail = str | Mapping[str, Any] | None
 MANAGED_BY = ("app.kubernetes.io/managed-by", "autoheal")  # marks the Events autoheal created
+VERSION_LABEL = "app.kubernetes.io/version"  # the release that acted (issue 19)
+
+
+@functools.lru_cache(maxsize=1)
+def collection_version() -> str:
+    """This collection's version: MANIFEST.json once installed, galaxy.yml in a checkout. The
+    runner passes its own (`autoheal_version`, the same number); a play run by hand gets this."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        if (root / "MANIFEST.json").exists():
+            return str(json.loads((root / "MANIFEST.json").read_text())["collection_info"]["version"])
+        return str(yaml.safe_load((root / "galaxy.yml").read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        return ""
 
 
 def phase_events(
@@ -165,10 +183,14 @@ def kube_events(
     namespace: str = "default",
     prefix: str = "autoheal",
     stamp: str | None = None,
+    version: str = "",
 ) -> list[dict[str, Any]]:
     """Kubernetes Event objects on the nodes for the journal events that have none yet (by
-    name); events of nodes not in `nodes` (absent from Kubernetes) are journaled only."""
+    name); events of nodes not in `nodes` (absent from Kubernetes) are journaled only. Each
+    carries the release that acted (`version`, else the collection's) as a label."""
     existing, nodes = set(existing or []), set(nodes or [])
+    version = str(version or collection_version())
+    labels = dict([MANAGED_BY, *([(VERSION_LABEL, version)] if version else [])])
     stamp = stamp or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     out = []
     for ev in events or []:
@@ -185,7 +207,7 @@ def kube_events(
                 "metadata": {
                     "name": name,
                     "namespace": namespace,
-                    "labels": dict([MANAGED_BY]),
+                    "labels": labels,
                     "annotations": {INCIDENT_ANNOTATION: str(ev["incident"])},
                 },
                 "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": ev["node"]},

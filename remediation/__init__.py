@@ -26,5 +26,7 @@ Playbook contract (extra vars the runner passes to playbooks/<name>.yml):
   autoheal_done_phases ({node: [phase, ...]}: phases already reported ok, e.g. before a crash; the
   shipped runbook's steps are idempotent, so a rerun re-checks them and changes nothing), and
   autoheal_stop_after ("" or "fenced": the worker's fence lane asks the play to fence, report
-  `fenced` and end; the rest of the runbook follows in a run of its own).
+  `fenced` and end; the rest of the runbook follows in a run of its own), autoheal_fault_time
+  (float: when the batch's first incident opened; restart_app requeues only jobs started by then),
+  autoheal_version (the release that acts; the audit role labels its Events with it).
 """

@@ -67,6 +67,7 @@ class PlayVars:
     done_phases: Mapping[str, Sequence[str]] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
     stop_after: str = ""  # "fenced": a fence-only run (the worker's fence lane)
+    fault_time: float = 0.0  # when the batch's first incident opened: restart_app's job filter
 
     def extravars(self) -> dict[str, Any]:
         if not self.nodes or len(self.nodes) != len(self.incident_ids):
@@ -104,6 +105,7 @@ class PlayVars:
                 "autoheal_journal_events": str(self.journal_events),
                 "autoheal_done_phases": done,
                 "autoheal_stop_after": self.stop_after,
+                "autoheal_fault_time": float(self.fault_time),
                 # the release that acts: the audit role labels the Kubernetes Events with it
                 "autoheal_version": __version__,
             }

@@ -698,6 +698,20 @@ class Journal:
         )
         return int(rows[0][0])
 
+    def count_gpu_incidents(self, node: str, gpu: int, xids: Sequence[int], since: float) -> int:
+        """Incidents of `xids` opened on GPU `gpu` of `node` at or after `since`; manual runs do
+        not count. A query, not a scan of recent incidents: in a storm the window may hold more
+        incidents than any fixed page."""
+        if not xids:
+            return 0
+        marks = ",".join("?" * len(xids))
+        rows = self._query(
+            "SELECT COUNT(*) FROM incidents WHERE node=? AND gpu=? AND opened_at >= ?"  # noqa: S608
+            f" AND source != 'manual' AND xid IN ({marks})",
+            (node, gpu, since, *map(int, xids)),
+        )
+        return int(rows[0][0])
+
     def timeline(self, incident_id: str) -> list[TimelineEntry]:
         rows = self._query(
             "SELECT incident_id, phase, status, ts, run_id, source, detail FROM timeline"

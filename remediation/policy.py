@@ -154,17 +154,10 @@ class Policy:
 
     def _gpu_repeats(self, inc: IncidentRecord, xids: tuple[int, ...], since: float) -> int:
         """Incidents of `xids` on the GPU of `inc` since `since` (itself included; manual runs
-        do not count). Reads the journal's recent incidents: this rule is rare and small."""
+        do not count)."""
         if inc.gpu is None:
             return 0
-        return sum(
-            1
-            for i in self.journal.incidents(limit=1000)
-            if (i.node, i.gpu) == (inc.node, inc.gpu)
-            and i.xid in xids
-            and i.opened_at >= since
-            and i.source != "manual"
-        )
+        return self.journal.count_gpu_incidents(inc.node, inc.gpu, xids, since)
 
     def _over_budget(self, node: str, rnd: _Round) -> str | None:
         """Why admitting `node` would exceed the fleet or pool budget (a storm), or None."""

@@ -510,6 +510,7 @@ class Worker:
             done_phases={i.node: self.journal.done_phases(i.id) for i in batch},
             extra={**self.config.play_vars, **first.extra_vars},
             stop_after=kind.stop_after,
+            fault_time=min(i.opened_at for i in batch),
         )
 
     def _record_end(

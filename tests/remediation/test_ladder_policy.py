@@ -49,3 +49,18 @@ def _seed(j, xid, tier, n):
     for _ in range(n):
         _open(j, "gpu-1", xid=xid, tier=tier)
     return j
+
+
+def test_gpu_repeats_are_counted_in_a_storm_bigger_than_any_page(config_factory, journal):  # noqa: F811
+    """The rule once read the newest 1000 incidents: in a storm the first XID 13 fell off the page."""
+    cfg = config_factory(node_cap={"max_incidents": 10, "window_seconds": 3600})
+    _seed(journal, 13, "restart_app", 1)
+    for n in range(1100):
+        _open(journal, f"gpu-{100 + n}", xid=79, tier="reboot")
+    _seed(journal, 31, "restart_app", 1)
+    assert journal.count_gpu_incidents("gpu-1", 0, (13, 31), 0) == 2
+    assert journal.count_gpu_incidents("gpu-1", 1, (13, 31), 0) == 0  # another GPU of the node
+    assert journal.count_gpu_incidents("gpu-1", 0, (13, 31), time.time() + 1) == 0  # the window
+    latest = [i for i in journal.incidents(["pending"], limit=5000) if i.node == "gpu-1"][-1]
+    (d,), _ = Policy(cfg, journal, FakeKube(), load_catalog()).decide([latest], time.time())
+    assert d.tier == "reset" and "diagnostics" in d.reason

@@ -71,6 +71,7 @@ def test_play_vars_render_the_contract():
         "autoheal_journal_events": "/tmp/e.jsonl",
         "autoheal_done_phases": {"gpu-1": ["fenced"]},
         "autoheal_stop_after": "",
+        "autoheal_fault_time": 0.0,
         "autoheal_version": __version__,
     }
     assert _vars(stop_after="fenced").extravars()["autoheal_stop_after"] == "fenced"

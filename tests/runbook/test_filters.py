@@ -68,6 +68,19 @@ def test_nodes_where_selects_records_by_field():
     assert runbook.nodes_where(info, down=False) == ["c"]
 
 
+def test_promoted_for_finds_the_spares_whose_record_names_a_returning_node():
+    info = {
+        "gpu-5": {"comment": "autoheal: replaces gpu-1 inc-a"},
+        "gpu-6": {"comment": "autoheal: replaces gpu-10 inc-b"},  # gpu-10, not gpu-1
+        "gpu-7": {"comment": "autoheal: replaces gpu-2"},
+        "gpu-8": {"comment": "an admin's note: replaces gpu-1"},
+        "gpu-9": {"comment": ""},
+    }
+    assert runbook.promoted_for(info, ["gpu-1"]) == ["gpu-5"]
+    assert sorted(runbook.promoted_for(info, ["gpu-1", "gpu-2", "gpu-10"])) == ["gpu-5", "gpu-6", "gpu-7"]
+    assert runbook.promoted_for(info, []) == []
+
+
 def test_node_map_and_annotate_skip_nodes_without_a_value():
     m = runbook.node_map(["a", "b"], ["i1"])
     assert m == {"a": "i1", "b": None}

@@ -161,6 +161,8 @@ def test_xid_79_promotes_the_spare_then_the_node_is_rebooted_validated_and_back_
         node = lab.node("gpu-1")
         assert node["reason"] == SPARE_REASON and node["state"] != "down", node
         assert healthy(lab, "gpu-1")
+        # gpu-5 no longer stands in for gpu-1: a later failure of gpu-1 takes a new spare
+        assert lab.node("gpu-5")["comment"] == "", lab.node("gpu-5")
         if lab.kubeconfig is not None:
             kn = lab.kube_node("gpu-1")
             assert kn["metadata"]["annotations"]["autoheal.io/validation"] == "passed"
@@ -205,11 +207,17 @@ def test_restart_app_requeues_the_job_and_the_node_stays_in_service(lab, tmp_pat
         t_fault = inject(lab, "gpu-2", 0, 13)
         watch = JobWatch(lab, job)
         watch.start()
-        extra = ladder_vars(lab, tmp_path, "gpu-2", "inc-000000000013", 13, 0, "restart_app")
+        extra = ladder_vars(
+            lab, tmp_path, "gpu-2", "inc-000000000013", 13, 0, "restart_app", autoheal_fault_time=t_fault
+        )
         res = run_playbook("gpu_fatal_xid", extra, tmp=tmp_path)
         assert res.rc == 0, res.output[-5000:]
         running_again: float = wait_for(lambda: watch.running_again, 90, "the requeued job running again")
         watch.stop.set()
+        # the job started again on the same node, after the fault: a rerun leaves it alone
+        again = run_playbook("gpu_fatal_xid", extra, tmp=tmp_path)
+        assert again.rc == 0 and again.changed == 0, again.output[-4000:]
+        assert lab.jobs()[job]["restart_cnt"] == 1 and lab.jobs()[job]["job_state"] == "RUNNING"
         assert ("fenced", "ok") not in phases(lab, "gpu-2")
         assert ("requeued", "ok") in phases(lab, "gpu-2")
         node = lab.node("gpu-2")

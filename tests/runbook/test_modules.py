@@ -161,6 +161,12 @@ def test_slurm_spares_promotes_one_spare_per_incident_only_once(fresh_lab):
     again = run_module("slurm_spares", args)
     assert not again["changed"] and again["promotions"][0]["status"] == "already"
     assert "DRAIN" in lab.node("gpu-6")["state_flags"]  # the other spare is untouched
+    # the alert fires again after the dedup window: a new incident for the same outage takes no
+    # second spare (the record stands until gpu-2 returns to service)
+    refire = run_module("slurm_spares", {**args, "incident_ids": ["inc-s1-refire"]})
+    assert not refire["changed"] and refire["promotions"][0]["spare"] == "gpu-5"
+    assert refire["promotions"][0]["status"] == "already"
+    assert "DRAIN" in lab.node("gpu-6")["state_flags"]
     # a new incident on another node takes the next spare; then the pool has none left
     two = run_module("slurm_spares", {"nodes": ["gpu-3", "gpu-4"], "incident_ids": ["i3", "i4"], **conf(lab)})
     assert [p["spare"] for p in two["promotions"]] == ["gpu-6", None] and two["shortfall"] == ["gpu-4"]

@@ -229,6 +229,8 @@ def test_gpu_fatal_xid_fences_requeues_onto_the_promoted_spare_and_resumes_from_
         assert res.rc == 0, res.output[-4000:]
         node = lab.node("gpu-1")
         assert node["state"] != "down" and "DRAIN" in node["state_flags"] and node["reason"] == SPARE_REASON
+        # the promotion record on gpu-5 goes with gpu-1's return (a later failure takes a new spare)
+        assert lab.node("gpu-5")["comment"] == "", lab.node("gpu-5")
         if lab.kubeconfig is not None:
             kn = lab.kube_node("gpu-1")
             assert not kn["spec"].get("unschedulable") and not quarantine_taint(kn)
@@ -368,7 +370,9 @@ def test_stop_after_fenced_fences_and_ends_and_the_full_run_finds_the_fence_done
     lab = fresh_lab
     spares = {n: lab.node(n)["comment"] for n in ("gpu-5", "gpu-6")}
     extra = fault_vars(lab, "gpu-3", "inc-lane", autoheal_backend="none")
-    res = run_playbook("gpu_fatal_xid", {**extra, "autoheal_stop_after": "fenced"}, tmp=tmp_path)
+    # at the reboot rung (XID 79's): the ladder's plays must not run in a fence-only run either
+    lane = {**extra, "autoheal_stop_after": "fenced", "autoheal_tier": "reboot"}
+    res = run_playbook("gpu_fatal_xid", lane, tmp=tmp_path)
     assert res.rc == 0, res.output[-5000:]
     node = lab.node("gpu-3")
     assert "DRAIN" in node["state_flags"] and node["reason"] == "autoheal: XID 79 gpu3 inc-lane"

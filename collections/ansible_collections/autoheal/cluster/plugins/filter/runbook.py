@@ -66,6 +66,22 @@ def nodes_where(nodes: Mapping[str, Mapping[str, Any]], **wanted: Any) -> list[s
     return [name for name, rec in nodes.items() if all(rec.get(k) == v for k, v in wanted.items())]
 
 
+def promoted_for(
+    nodes: Mapping[str, Mapping[str, Any]], returning: Iterable[str], prefix: str = "autoheal: replaces "
+) -> list[str]:
+    """The spares whose promotion record (the comment autoheal.cluster.slurm_spares writes,
+    ``autoheal: replaces <node> <incident>``) names one of the `returning` nodes. A record stands
+    while its node is out of service, so a new incident for that outage promotes no second spare;
+    clearing it when the node returns lets a later failure take a new one."""
+    wanted = set(returning or [])
+    out = []
+    for name, rec in nodes.items():
+        comment = str(rec.get("comment") or "")
+        if comment.startswith(prefix) and comment[len(prefix) :].split(" ", 1)[0] in wanted:
+            out.append(name)
+    return out
+
+
 def annotate(values: Mapping[str, Any], key: str) -> dict[str, dict[str, str]]:
     """Per node annotations for autoheal.cluster.k8s_nodes: {node: value} -> {node: {key: value}};
     nodes without a value get none."""
@@ -105,6 +121,7 @@ class FilterModule:
             "slurm_reasons": slurm_reasons,
             "triage": triage,
             "nodes_where": nodes_where,
+            "promoted_for": promoted_for,
             "annotate": annotate,
             "k8s_drain_outcome": k8s_drain_outcome,
             "lab_pools": lab_pools,

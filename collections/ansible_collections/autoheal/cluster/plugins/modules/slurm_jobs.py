@@ -28,7 +28,8 @@ description:
     milliseconds of slurmctld time each. Slurm 22.05 pushes no job-end event to a client (a
     C(strigger --fini) fires on slurmctld's periodic trigger pass, seconds late), so a short, cheap
     poll is the fastest way to requeue the instant the job is gone.
-  - Idempotent - a second run finds no running jobs on the nodes and changes nothing.
+  - Idempotent - a second run finds no running jobs on the fenced nodes and changes nothing; on a
+    node that stays in service, O(started_before) keeps a rerun off the jobs the first run requeued.
   - >-
     Parses C(squeue --json) from Slurm 22.05 (data parser openapi/v0.0.38) and newer releases.
     Differences handled - C(job_state) is a string (C("RUNNING")) in 22.05 and a list
@@ -76,6 +77,14 @@ options:
     description: Requeue jobs still running when the grace period ends (Slurm kills them after KillWait).
     type: bool
     default: true
+  started_before:
+    description:
+      - Epoch time of the fault; only jobs that started at or before it are acted on (the jobs that
+        were on the GPU when it failed). A job requeued by an earlier run has started again since,
+        so a rerun leaves it alone - the idempotence of a rung that keeps the node in service
+        (restart_app), where the job may start again on the same node. Omitted, every job counts.
+    type: float
+    version_added: 0.3.0
 notes:
   - Check mode lists the jobs and reports what would be signalled and requeued; it sends nothing.
   - A job that finishes on its own between the listing and the signal is still requeued if it
@@ -189,6 +198,7 @@ def argument_spec() -> dict[str, Any]:
         signalled_at=dict(type="float"),
         requeue=dict(type="bool", default=True),
         requeue_after_grace=dict(type="bool", default=True),
+        started_before=dict(type="float"),
     )
     spec.update(SLURM_COMMON_ARGS)
     return spec
@@ -198,16 +208,20 @@ def by_id(jobs: Iterable[Job]) -> dict[int, Job]:
     return {j["job_id"]: j for j in jobs}
 
 
-def find_jobs(slurm: Slurm, nodes: set[str], earlier: set[int]) -> list[dict[str, Any]]:
-    """A record per active job on any of `nodes` (a multi-node job once), and per job in `earlier`
-    (signalled at the fence) whatever its state now: it may have left already."""
+def find_jobs(
+    slurm: Slurm, nodes: set[str], earlier: set[int], started_before: float | None = None
+) -> list[dict[str, Any]]:
+    """A record per active job on any of `nodes` (a multi-node job once) that started by
+    `started_before` (when given), and per job in `earlier` (signalled at the fence) whatever its
+    state now: it may have left already."""
+
+    def victim(j: Job) -> bool:
+        if j["state"] not in ACTIVE or not nodes.intersection(j["nodes"]):
+            return False
+        return started_before is None or (j["start_time"] or 0) <= started_before
+
     found = sorted(
-        (
-            j
-            for j in slurm.jobs()
-            if (j["state"] in ACTIVE and nodes.intersection(j["nodes"])) or j["job_id"] in earlier
-        ),
-        key=lambda j: j["job_id"],
+        (j for j in slurm.jobs() if victim(j) or j["job_id"] in earlier), key=lambda j: j["job_id"]
     )
     return [job_record(j) for j in found]
 
@@ -329,7 +343,7 @@ def main() -> None:
         module.fail_json(msg="grace_seconds must be >= 0")
     slurm = Slurm(module)
     earlier = set(p["signalled_job_ids"])
-    result = new_result(slurm, find_jobs(slurm, nodes, earlier))
+    result = new_result(slurm, find_jobs(slurm, nodes, earlier, p["started_before"]))
     if p["action"] == "list" or not result["jobs"]:
         module.exit_json(**result)
     do_requeue = p["action"] == "evacuate" and p["requeue"]

@@ -16,9 +16,11 @@ description:
     C(autoheal: replaces <failed node> <incident>) and resumes all picked spares with one
     C(scontrol update) call, so requeued jobs can start there at once.
   - The comment is the record that makes the module idempotent - a failed node that already has a
-    spare whose comment names it (and its incident, when O(incident_ids) is given) is reported as
-    C(already) and no second spare is promoted. A spare marked but still drained (an interrupted
-    run) is resumed.
+    spare whose comment names it is reported as C(already) and no second spare is promoted, whatever
+    the incident (a new incident for the same outage must not take a second spare). The record
+    stands until the failed node returns to service; the node_pool role's C(forget_promotions)
+    clears it then, so a later failure gets a new spare. A spare marked but still drained (an
+    interrupted run) is resumed.
   - The pool of a failed node comes from its C(pool_<name>) feature, or from O(pool).
   - When there are fewer spares than failed nodes the rest are reported in RV(shortfall).
   - >-
@@ -193,12 +195,11 @@ class Picker:
     def marker(self, bad: str, incident: str) -> str:
         return f"{self.p['comment_prefix']}{bad} {incident}".strip()
 
-    def is_marked_for(self, rec: Node, bad: str, incident: str) -> bool:
-        # With an incident id only a promotion for that incident counts: a node that fails again
-        # later (a new incident) gets a new spare.
+    def is_marked_for(self, rec: Node, bad: str) -> bool:
+        # Any incident's record counts: it stands while `bad` is out of service (returning a node
+        # clears the records naming it, node_pool's forget_promotions), so a new incident for the
+        # same outage - the alert fired again after the dedup window - promotes no second spare.
         c = rec["comment"]
-        if incident:
-            return bool(c == self.marker(bad, incident))
         return bool(c == self.marker(bad, "") or c.startswith(self.marker(bad, "") + " "))
 
     def is_free_spare(self, rec: Node) -> bool:
@@ -212,10 +213,8 @@ class Picker:
         )
 
     def existing(self, entry: dict[str, Any]) -> bool:
-        """An earlier run's spare for this node and incident; resumed again if still drained."""
-        marked = [
-            n for n, r in self.allnodes.items() if self.is_marked_for(r, entry["node"], entry["incident"])
-        ]
+        """An earlier run's spare for this node (this outage); resumed again if still drained."""
+        marked = [n for n, r in self.allnodes.items() if self.is_marked_for(r, entry["node"])]
         if not marked:
             return False
         spare = sorted(marked, key=natural)[0]

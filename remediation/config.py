@@ -98,6 +98,11 @@ class RunnerConfig(BaseModel):
         description="fence-only runs when more nodes wait than free run slots take (0: off); see worker.py",
     )
     max_fence_batch: int = Field(default=500, ge=1)
+    warm_fence: bool = Field(
+        default=True,
+        description="fence on the warm path (no play start-up; the play's own fence step follows and"
+        " finds it done); see remediation/warmfence.py",
+    )
     pool_cache_seconds: float = Field(default=60.0, ge=0, description="how long pool membership is cached")
     quarantine_label: str = Field(
         default=f"{STATE_LABEL}={QUARANTINED}",

@@ -58,6 +58,13 @@ class Metrics:
             buckets=PHASE_BUCKETS,
             registry=r,
         )
+        self.warm_fence = Histogram(
+            "autoheal_warm_fence_seconds",
+            "Fences on the warm path (no play start-up), request to reply, by outcome.",
+            ["outcome"],
+            buckets=PHASE_BUCKETS,
+            registry=r,
+        )
         self.notifications = Counter(
             "autoheal_notifications_total",
             "Notifications by sink kind and outcome.",

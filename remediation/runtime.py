@@ -18,6 +18,7 @@ from remediation.metrics import Metrics
 from remediation.notify import Notifier
 from remediation.policy import Policy
 from remediation.rules import load_rules
+from remediation.warmfence import WarmFence
 from remediation.worker import Worker
 
 
@@ -31,6 +32,14 @@ def make_executor(cfg: RunnerConfig) -> Executor:
     )
 
 
+def make_warm_fence(cfg: RunnerConfig) -> WarmFence | None:
+    """The warm fence, where the playbook directory sits in a data root with the collection."""
+    root = cfg.playbook_dir.parent
+    if not cfg.warm_fence or not (root / "collections" / "ansible_collections").is_dir():
+        return None
+    return WarmFence(root, timeout=float(cfg.step_timeout_seconds))
+
+
 def build(cfg: RunnerConfig, *, kube: KubeView | None = None, with_worker: bool = True) -> Runtime:
     """Everything `serve` runs; `kube` replaces the configured cluster (tests use FakeKube)."""
     catalog = load_catalog()
@@ -42,7 +51,7 @@ def build(cfg: RunnerConfig, *, kube: KubeView | None = None, with_worker: bool 
     if with_worker:
         view = kube if kube is not None else make_kube(cfg.kubeconfig, cfg.pool_cache_seconds)
         policy = Policy(cfg, journal, view, catalog)
-        worker = Worker(cfg, journal, policy, make_executor(cfg), metrics, notifier)
+        worker = Worker(cfg, journal, policy, make_executor(cfg), metrics, notifier, make_warm_fence(cfg))
     intake = Intake(journal, rules, catalog, cfg.dedup_window_seconds)
     return Runtime(
         config=cfg,

@@ -44,6 +44,7 @@ from remediation.executor import (
     Executor,
     PhaseEvent,
     PlayVars,
+    RunOutcome,
     find_plays,
     read_events,
     stop_play,
@@ -53,6 +54,8 @@ from remediation.metrics import Metrics
 from remediation.notify import Notifier, SpareShortage, no_spare_pool
 from remediation.policy import BREAKER_KEY, PAUSE_KEY, Decision, Policy
 from remediation.states import IN_REMEDIATION, IncidentState, RunStatus
+from remediation.warmfence import PLAYBOOK as WARM_PLAYBOOK
+from remediation.warmfence import WarmFence
 
 log = logging.getLogger(__name__)
 MIN_TICK_SECONDS = 0.05
@@ -102,8 +105,10 @@ class Worker:
         executor: Executor,
         metrics: Metrics,
         notifier: Notifier,
+        warm_fence: WarmFence | None = None,
     ) -> None:
         self.config = config
+        self.warm_fence = warm_fence
         self.journal = journal
         self.policy = policy
         self.executor = executor
@@ -115,6 +120,7 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(config.max_concurrent_runs, "autoheal-run")
         self._fence_pool = ThreadPoolExecutor(max(1, config.max_concurrent_fences), "autoheal-fence")
+        self._warm_pool = ThreadPoolExecutor(1, "autoheal-warm-fence")  # the warm fence is one process
         self._inflight: dict[int, Future[None]] = {}
         self._fencing: dict[int, Future[None]] = {}
         self._fence_tried: set[str] = set()  # incident ids a fence-only run has handled
@@ -130,6 +136,8 @@ class Worker:
     def start(self) -> None:
         """Take the runner lock (one runner per state dir), resume leftovers, start the loop."""
         self._take_runner_lock()
+        if self.warm_fence is not None:
+            self.warm_fence.start()  # it imports Ansible meanwhile; the first fence waits for it
         self.recover()
         self._thread = threading.Thread(target=self._loop, name="autoheal-worker", daemon=True)
         self._thread.start()
@@ -154,6 +162,9 @@ class Worker:
             self._thread.join(timeout)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._fence_pool.shutdown(wait=True, cancel_futures=True)
+        self._warm_pool.shutdown(wait=True, cancel_futures=True)
+        if self.warm_fence is not None:
+            self.warm_fence.close()
         if self._runner_lock is not None:
             self._runner_lock.close()
             self._runner_lock = None
@@ -467,16 +478,22 @@ class Worker:
         started = time.time()
         try:
             with self.executor.locks.hold(play_vars.nodes):
-                outcome = self.executor.run(
-                    run_id,
-                    run.playbook,
-                    play_vars,
-                    on_pid=lambda pid: self._tx_run(run_id, play_pid=pid),
-                    on_step=lambda task, host, status, changed, t0, t1: self._step(
-                        run_id, task, host, status, changed, t0, t1
-                    ),
-                    on_tick=lambda: self._tick_run(run_id),
-                )
+                warm = self._warm(run, play_vars)
+                if kind is RunKind.FENCE and warm is not None:  # the whole fence-only run
+                    outcome = warm.result()
+                else:
+                    outcome = self.executor.run(
+                        run_id,
+                        run.playbook,
+                        play_vars,
+                        on_pid=lambda pid: self._tx_run(run_id, play_pid=pid),
+                        on_step=lambda task, host, status, changed, t0, t1: self._step(
+                            run_id, task, host, status, changed, t0, t1
+                        ),
+                        on_tick=lambda: self._tick_run(run_id),
+                    )
+                    if warm is not None:
+                        warm.result()
             crash_point("play_ended")
         except NodeBusyError as exc:
             with self.journal.transaction() as tx:
@@ -493,6 +510,31 @@ class Worker:
             return
         self.metrics.run_duration.observe(time.time() - started)
         self._record_end(run_id, batch, kind, outcome.status, outcome.rc, outcome.detail)
+
+    def _warm(self, run: RunRecord, play_vars: PlayVars) -> Future[RunOutcome] | None:
+        """The fence on the warm path (remediation/warmfence.py), beside the play's start-up: the
+        nodes are fenced ~0.3 s after the decision instead of ~2 s, and the play's own fence step
+        then finds them fenced. Not for check mode, nor for a rung that does not fence."""
+        if (
+            self.warm_fence is None
+            or play_vars.dry_run
+            or play_vars.tier == "restart_app"
+            or Path(run.playbook).stem != Path(WARM_PLAYBOOK).stem
+        ):
+            return None
+        warm = self.warm_fence
+        play_vars.journal_events.parent.mkdir(parents=True, exist_ok=True)  # before the play makes it
+
+        def fence() -> RunOutcome:
+            res = warm.fence(play_vars.extravars())
+            self.metrics.warm_fence.labels(outcome="ok" if res.ok else "failed").observe(res.seconds)
+            if not res.ok:  # the play fences anyway, only later
+                log.warning("run %s: warm fence of %s failed: %s", run.id, ",".join(run.nodes), res.error)
+                return RunOutcome(RunStatus.FAILED, 1, f"warm fence: {res.error}"[:500])
+            log.info("run %s: warm fence of %s in %.2fs", run.id, ",".join(run.nodes), res.seconds)
+            return RunOutcome(RunStatus.SUCCESSFUL, 0, "warm fence")
+
+        return self._warm_pool.submit(fence)
 
     def _play_vars(self, run: RunRecord, batch: list[IncidentRecord], kind: RunKind) -> PlayVars:
         first = batch[0]

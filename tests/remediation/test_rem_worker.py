@@ -330,3 +330,60 @@ def test_an_unexpected_runner_error_fails_the_incident_instead_of_hanging(serve,
     inc = rt.journal.incident(iid)
     assert inc.state == "failed" and "blew up" in inc.reason
     assert any(n["event"] == "incident.failed" for n in rt.notifier.sent)
+
+
+class FakeWarmFence:
+    """Stands in for remediation.warmfence.WarmFence: records the extra vars it got and reports
+    `fenced` in the run's events file, as the real one does."""
+
+    def __init__(self, ok: bool = True) -> None:
+        self.ok = ok
+        self.calls: list[dict] = []
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def fence(self, extravars):
+        from pathlib import Path
+
+        from remediation.warmfence import WarmFenceResult
+
+        self.calls.append(extravars)
+        if not self.ok:
+            return WarmFenceResult(False, 0.01, error="boom")
+        lines = [
+            json.dumps({"incident": i, "node": n, "phase": "fenced", "status": "ok", "ts": time.time()})
+            for n, i in zip(extravars["autoheal_nodes"], extravars["autoheal_incident_ids"], strict=True)
+        ]
+        with Path(extravars["autoheal_journal_events"]).open("a") as fh:
+            fh.write("\n".join(lines) + "\n")
+        return WarmFenceResult(True, 0.01, changed=True)
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_the_warm_fence_runs_beside_the_play_and_never_in_check_mode(runtime_factory, effects, ok):
+    """A full run fences on the warm path too (the play's fence finds it done); a failed warm
+    fence costs nothing but time (the play fences); a dry run never takes the warm path."""
+    rt = runtime_factory()
+    warm = FakeWarmFence(ok)
+    rt.worker.warm_fence = warm
+    with TestClient(create_app(rt)) as client:
+        [iid] = client.post("/webhook", json=payload(alert("gpu-1", xid=79, gpu=3)), headers=AUTH).json()[
+            "created"
+        ]
+        wait_for(_closed(rt, 1), 90, "incident to close")
+        assert rt.journal.incident(iid).state == "completed"
+        [call] = warm.calls
+        assert call["autoheal_nodes"] == ["gpu-1"] and call["autoheal_incident_ids"] == [iid]
+        assert call["autoheal_dry_run"] is False
+        text = client.get("/metrics").text
+        assert f'autoheal_warm_fence_seconds_count{{outcome="{"ok" if ok else "failed"}"}} 1.0' in text
+        assert "fenced" in rt.journal.done_phases(iid)
+
+        body = payload(alert("gpu-3", alertname="GpuXidRehearsal"))
+        [dry] = client.post("/webhook", json=body, headers=AUTH).json()["created"]
+        wait_for(_closed(rt, 2), 90, "the dry run to close")
+        assert rt.journal.incident(dry).dry_run and len(warm.calls) == 1

@@ -1,0 +1,265 @@
+"""The warm fence: the runbook's fence step without a play's start-up.
+
+Why: fault -> fenced is the latency that matters most (until the node is drained, Slurm keeps
+placing jobs on a dead GPU), and ansible-playbook spends ~2 s starting before its first task. The
+warm fence is a child process that imports Ansible and the collection once. Per request it:
+
+1. checks the run's extra vars against the play's input spec and derives `autoheal_run` with the
+   same code as the play's first task (autoheal.cluster.runbook_inputs);
+2. renders the fence task's arguments from the playbook itself (gpu_fatal_xid.yml, the task that
+   calls autoheal.cluster.fence), so the play stays the one definition of what a fence does;
+3. runs the autoheal.cluster.fence module in a forked grandchild (a module exits the process);
+4. appends the `fenced` phase events to the run's events file, as the play's journal step does.
+
+It always renders as a fence-only run (`autoheal_stop_after=fenced`): no job is signalled here, the
+play's own fence step signals them, then finds the nodes fenced and changes nothing else. A check
+mode run never comes here. Anything that goes wrong is reported, never raised into the worker: the
+play fences anyway, only later.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+FENCE_MODULE = "autoheal.cluster.fence"
+PLAYBOOK = "gpu_fatal_xid.yml"
+READY = "ready"
+
+
+@dataclass(frozen=True)
+class WarmFenceResult:
+    ok: bool
+    seconds: float  # request to reply, as the worker saw it
+    changed: bool = False
+    error: str = ""
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class WarmFence:
+    """The runner's handle on the warm fence process: started once, restarted if it dies, one
+    request at a time (a fence takes ~0.2 s; a storm's fences go in batches anyway)."""
+
+    def __init__(self, data_root: Path, timeout: float = 60.0, start_timeout: float = 60.0) -> None:
+        self.data_root = data_root
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self._proc: subprocess.Popen[str] | None = None
+        self._ready = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Spawn the process (it imports Ansible in the background; the first fence waits)."""
+        with self._lock:
+            self._spawn()
+
+    def _spawn(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "remediation.warmfence", str(self.data_root)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # a ^C to the runner is the runner's to handle
+        )
+        self._ready = False
+
+    def _readline(self, out: IO[str], timeout: float) -> str:
+        sel = selectors.DefaultSelector()
+        sel.register(out, selectors.EVENT_READ)
+        try:
+            if not sel.select(timeout):
+                raise TimeoutError(f"no answer in {timeout:.0f}s")
+        finally:
+            sel.close()
+        line = out.readline()
+        if not line:
+            raise EOFError("the warm fence process ended")
+        return line
+
+    def fence(self, extravars: dict[str, Any]) -> WarmFenceResult:
+        t0 = time.monotonic()
+        with self._lock:
+            try:
+                self._spawn()
+                proc = self._proc
+                assert proc is not None and proc.stdin is not None and proc.stdout is not None
+                if not self._ready:
+                    line = self._readline(proc.stdout, self.start_timeout)
+                    if line.strip() != READY:
+                        raise RuntimeError(f"warm fence did not start: {line.strip()[:300]}")
+                    self._ready = True
+                proc.stdin.write(json.dumps(extravars) + "\n")
+                proc.stdin.flush()
+                reply = json.loads(self._readline(proc.stdout, self.timeout))
+            except (OSError, ValueError, TimeoutError, EOFError, RuntimeError) as exc:
+                self._kill()
+                return WarmFenceResult(False, time.monotonic() - t0, error=str(exc))
+        return WarmFenceResult(
+            ok=bool(reply.get("ok")),
+            seconds=time.monotonic() - t0,
+            changed=bool(reply.get("changed")),
+            error=str(reply.get("error") or ""),
+            events=list(reply.get("events") or []),
+        )
+
+    def _kill(self) -> None:
+        proc, self._proc, self._ready = self._proc, None, False
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def close(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+            if proc is None:
+                return
+            if proc.stdin is not None:
+                proc.stdin.close()  # the process ends at EOF
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+# ------------------------------------------------------------------ the process
+
+
+def _fence_task(tasks: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    for task in tasks or []:
+        if FENCE_MODULE in task:
+            return task
+        for key in ("block", "rescue", "always"):
+            if (found := _fence_task(task.get(key))) is not None:
+                return found
+    return None
+
+
+class _Renderer:
+    """The fence task of the playbook and the play's input spec, loaded once."""
+
+    def __init__(self, data_root: Path) -> None:
+        import yaml
+        from ansible.parsing.dataloader import DataLoader
+        from ansible.plugins.loader import init_plugin_loader
+
+        init_plugin_loader([str(data_root / "collections")])
+        self.loader = DataLoader()
+        self.playbook_dir = data_root / "playbooks"
+        plays = self.loader.load_from_file(str(self.playbook_dir / PLAYBOOK), trusted_as_template=True)
+        found = _fence_task(plays[0].get("tasks"))
+        if found is None:
+            raise RuntimeError(f"{PLAYBOOK} has no {FENCE_MODULE} task")
+        self.task_args = found[FENCE_MODULE]
+        specs = yaml.safe_load((self.playbook_dir / "specs" / "inputs.yml").read_text())
+        self.spec = specs[Path(PLAYBOOK).stem]
+
+    def args(self, extravars: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the fence module's arguments, autoheal_run), as the play would have them."""
+        from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+        from ansible.template import Templar
+        from ansible_collections.autoheal.cluster.plugins.plugin_utils.runbook_inputs import derive
+
+        given = {k: v for k, v in {**extravars, "autoheal_stop_after": "fenced"}.items() if k in self.spec}
+        checked = ArgumentSpecValidator(self.spec).validate(given, validate_role_argument_spec=True)
+        if checked.error_messages:
+            raise ValueError("invalid input: " + "; ".join(checked.error_messages))
+        run = derive(checked.validated_parameters, os.getcwd(), str(self.playbook_dir), os.environ)
+        rendered = Templar(loader=self.loader, variables={"autoheal_run": run}).template(self.task_args)
+        return json.loads(json.dumps(rendered)), run
+
+
+def _run_module(args: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The fence module's result: run in a forked child (a module ends its process)."""
+    from ansible.module_utils import basic
+    from ansible_collections.autoheal.cluster.plugins.modules import fence
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: stdout is the pipe; never return into the server loop
+        code = 1
+        try:
+            os.close(r)
+            os.dup2(w, 1)
+            basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
+            fence.main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            print(json.dumps({"failed": True, "msg": traceback.format_exc()[-2000:]}))
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    os.close(w)
+    out = b""
+    deadline = time.monotonic() + timeout
+    with os.fdopen(r, "rb") as pipe:
+        sel = selectors.DefaultSelector()
+        sel.register(pipe, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if sel.select(max(0.0, deadline - time.monotonic())):
+                chunk = os.read(pipe.fileno(), 65536)
+                if not chunk:
+                    break
+                out += chunk
+        sel.close()
+    else_killed = time.monotonic() >= deadline
+    if else_killed:
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    if else_killed:
+        return {"failed": True, "msg": f"the fence module did not end in {timeout:.0f}s"}
+    text = out.decode(errors="replace").strip()
+    start = text.rfind("\n{")  # the module's JSON is the last thing it prints
+    try:
+        result: dict[str, Any] = json.loads(text[start + 1 :] if start >= 0 else text)
+    except ValueError:
+        return {"failed": True, "msg": f"unreadable module output: {text[-500:]}"}
+    return result
+
+
+def _serve(data_root: Path, timeout: float) -> None:
+    from ansible_collections.autoheal.cluster.plugins.filter.journal_events import fence_events
+    from ansible_collections.autoheal.cluster.plugins.module_utils.journal import append, build_lines
+
+    renderer = _Renderer(data_root)
+    print(READY, flush=True)
+    for line in sys.stdin:
+        reply: dict[str, Any]
+        try:
+            extravars = json.loads(line)
+            args, run = renderer.args(extravars)
+            result = _run_module(args, timeout)
+            if result.get("failed"):
+                reply = {"ok": False, "error": str(result.get("msg") or "the fence failed")[:2000]}
+            else:
+                events = fence_events(result, run["incidents"])
+                if run.get("journal_events"):
+                    append(run["journal_events"], build_lines(events, time.time()))
+                reply = {"ok": True, "changed": bool(result.get("changed")), "events": events}
+        except Exception as exc:  # a bad request is answered, never the end of the process
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        print(json.dumps(reply, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        _serve(Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 60.0)
+    except Exception as exc:
+        print(f"error: {type(exc).__name__}: {exc}", flush=True)
+        sys.exit(1)

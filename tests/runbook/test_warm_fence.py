@@ -1,0 +1,79 @@
+"""The warm fence (remediation/warmfence.py): the play's own fence step, rendered from
+gpu_fatal_xid.yml and run without a play's start-up. Proof that the play stays the one definition
+of a fence: after the warm fence, the play's fence task finds nothing to change."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from remediation.warmfence import WarmFence
+from tests.runbook.conftest import REPO, run_playbook
+from tests.runbook.test_playbooks import fault_vars
+
+FENCE_TASK = "TASK [Fence - Slurm drain, Kubernetes quarantine (cordon, taint, label) and SIGTERM to the jobs, concurrently]"
+
+
+@pytest.fixture
+def warm() -> Any:
+    fence = WarmFence(REPO, timeout=60)
+    fence.start()
+    yield fence
+    fence.close()
+
+
+def test_the_warm_fence_fences_as_the_play_does_and_the_play_then_changes_nothing(
+    lab: Any, tmp_path: Path, warm: WarmFence
+) -> None:
+    events = tmp_path / "events.jsonl"
+    extra = {
+        **fault_vars(lab, "gpu-4", "inc-warm", autoheal_backend="none"),
+        "autoheal_journal_events": str(events),
+    }
+    try:
+        res = warm.fence(extra)
+        assert res.ok and res.changed, res.error
+        node = lab.node("gpu-4")
+        assert "DRAIN" in node["state_flags"] and node["reason"] == "autoheal: XID 79 gpu3 inc-warm", node
+        lines = [json.loads(x) for x in events.read_text().splitlines()]
+        assert [(e["incident"], e["node"], e["phase"], e["status"]) for e in lines] == [
+            ("inc-warm", "gpu-4", "fenced", "ok")
+        ]
+        if lab.kubeconfig is not None:
+            kn = lab.kube_node("gpu-4")
+            assert kn["spec"].get("unschedulable") is True
+            assert kn["metadata"]["labels"]["autoheal.io/state"] == "quarantined"
+        again = warm.fence(extra)  # warm now: no import, no start-up
+        assert again.ok and not again.changed, again.error
+        print(f"\n[warm fence] first {res.seconds:.2f}s (process start included), again {again.seconds:.2f}s")
+
+        # the play's fence step, from the same YAML, finds the nodes fenced
+        play = run_playbook("gpu_fatal_xid", {**extra, "autoheal_stop_after": "fenced"}, tmp=tmp_path)
+        assert play.rc == 0, play.output[-4000:]
+        status = re.search(r"^(ok|changed): \[localhost\]", play.output.split(FENCE_TASK, 1)[1], re.M)
+        assert status and status.group(1) == "ok", play.output.split(FENCE_TASK, 1)[1][:600]
+    finally:
+        back = {**lab.base_vars(), "autoheal_nodes": ["gpu-4"], "autoheal_incident_ids": ["inc-warm"]}
+        run_playbook("node_return", back, tmp=tmp_path)
+
+
+def test_bad_input_is_refused_and_a_dead_process_is_replaced(
+    lab: Any, tmp_path: Path, warm: WarmFence
+) -> None:
+    before = lab.node("gpu-4")
+    bad = warm.fence({**fault_vars(lab, "gpu-4\n", "inc-bad"), "autoheal_journal_events": ""})
+    assert not bad.ok and "gpu-4" in bad.error, bad
+    assert lab.node("gpu-4")["state_flags"] == before["state_flags"]
+    missing = warm.fence({"autoheal_nodes": ["gpu-4"]})  # no xid, no incident: the spec says what
+    assert not missing.ok and "autoheal_xid" in missing.error, missing
+
+    proc = warm._proc
+    assert proc is not None
+    proc.kill()
+    proc.wait()
+    unknown = warm.fence({**fault_vars(lab, "gpu-999", "inc-gone"), "autoheal_journal_events": ""})
+    assert unknown.ok, unknown.error  # a new process answered; an unknown node is reported, not fenced

@@ -196,6 +196,7 @@ def _run_module(args: dict[str, Any], timeout: float) -> dict[str, Any]:
             os.close(r)
             os.dup2(w, 1)
             basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
+            basic._ANSIBLE_PROFILE = "legacy"  # what ansible-core gives a collection's module
             fence.main()
             code = 0
         except SystemExit as exc:
@@ -234,10 +235,10 @@ def _run_module(args: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def _serve(data_root: Path, timeout: float) -> None:
+    renderer = _Renderer(data_root)  # first: it installs the collection loader the imports need
     from ansible_collections.autoheal.cluster.plugins.filter.journal_events import fence_events
     from ansible_collections.autoheal.cluster.plugins.module_utils.journal import append, build_lines
 
-    renderer = _Renderer(data_root)
     print(READY, flush=True)
     for line in sys.stdin:
         reply: dict[str, Any]

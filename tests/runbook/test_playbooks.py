@@ -370,9 +370,7 @@ def test_stop_after_fenced_fences_and_ends_and_the_full_run_finds_the_fence_done
     lab = fresh_lab
     spares = {n: lab.node(n)["comment"] for n in ("gpu-5", "gpu-6")}
     extra = fault_vars(lab, "gpu-3", "inc-lane", autoheal_backend="none")
-    # at the reboot rung (XID 79's): the ladder's plays must not run in a fence-only run either
-    lane = {**extra, "autoheal_stop_after": "fenced", "autoheal_tier": "reboot"}
-    res = run_playbook("gpu_fatal_xid", lane, tmp=tmp_path)
+    res = run_playbook("gpu_fatal_xid", {**extra, "autoheal_stop_after": "fenced"}, tmp=tmp_path)
     assert res.rc == 0, res.output[-5000:]
     node = lab.node("gpu-3")
     assert "DRAIN" in node["state_flags"] and node["reason"] == "autoheal: XID 79 gpu3 inc-lane"
@@ -392,6 +390,17 @@ def test_stop_after_fenced_fences_and_ends_and_the_full_run_finds_the_fence_done
     assert status and status.group(1) == "ok", fence_task[:400]
     assert lab.node("gpu-3")["state"] == "down"
     assert "spare_promoted" in [e["phase"] for e in lab.journal_lines()]
+
+    # at the reboot rung (XID 79's) the ladder's plays must not run in a fence-only run either
+    lane = {**fault_vars(lab, "gpu-4", "inc-lane4", autoheal_backend="none"), "autoheal_tier": "reboot"}
+    try:
+        res = run_playbook("gpu_fatal_xid", {**lane, "autoheal_stop_after": "fenced"}, tmp=tmp_path)
+        assert res.rc == 0, res.output[-5000:]
+        assert [e["phase"] for e in lab.journal_lines() if e["node"] == "gpu-4"] == ["fenced"]
+        assert lab.node("gpu-4")["state"] != "down"
+    finally:
+        back = {**lab.base_vars(), "autoheal_nodes": ["gpu-4"], "autoheal_incident_ids": ["inc-lane4"]}
+        run_playbook("node_return", back, tmp=tmp_path)
 
 
 def readme_example() -> str:

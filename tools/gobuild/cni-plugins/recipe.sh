@@ -2,7 +2,7 @@
 # loopback for each pod's lo, portmap for hostPort.
 VERSION=v1.10.0
 BINS=(bridge host-local loopback portmap)
-COLD_SECONDS=30
+COLD_SECONDS=10
 
 build() {
   local p=github.com/containernetworking/plugins/plugins

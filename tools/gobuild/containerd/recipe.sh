@@ -2,7 +2,7 @@
 # The btrfs/devmapper/zfs snapshotters need C libraries and are never used (overlayfs is).
 VERSION=v2.4.2
 BINS=(containerd containerd-shim-runc-v2 ctr)
-COLD_SECONDS=160
+COLD_SECONDS=76
 
 build() {
   local ld="-s -w -X github.com/containerd/containerd/v2/version.Version=$VERSION"

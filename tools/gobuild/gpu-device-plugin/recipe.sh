@@ -2,7 +2,7 @@
 # real node's kubelet and hands containers the simulator's device files.
 VERSION=v1
 BINS=(autoheal-gpu-device-plugin)
-COLD_SECONDS=40
+COLD_SECONDS=10
 
 build() {
   go build -p "$GO_PROCS" -ldflags="-s -w" -o "$OUT/autoheal-gpu-device-plugin" .

@@ -3,7 +3,7 @@
 # published v0.<minor>.<patch>. Version strings are set with -X (else binaries say v0.0.0-master).
 VERSION=v1.36.3
 BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
-COLD_SECONDS=400
+COLD_SECONDS=502
 
 build() {
   local minor ld="" p

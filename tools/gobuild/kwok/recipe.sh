@@ -2,7 +2,7 @@
 # lab/kwok-stages (copied from this module).
 VERSION=v0.8.0
 BINS=(kwok kwokctl)
-COLD_SECONDS=150
+COLD_SECONDS=119
 KUBE_VERSION=v1.36.3 # what kwokctl reports as its Kubernetes version: the control plane's
 
 build() {

@@ -4,7 +4,7 @@
 VERSION=v4.0.0-20260115033456-f47bc2d6f199
 BINS=(pulumi-resource-kubernetes)
 PREPARES=(.src/schema-embed.json .src/terraform-mapping-embed.json)
-COLD_SECONDS=1570
+COLD_SECONDS=559
 PROVIDER_VERSION=4.24.0-dev.20260115+f47bc2d6f199 # what the plugin reports
 
 # main.go embeds schema-embed.json and terraform-mapping-embed.json, which upstream generates

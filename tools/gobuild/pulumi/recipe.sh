@@ -3,7 +3,7 @@
 VERSION=v3.274.1
 BINS=(pulumi pulumi-language-python pulumi-language-python-exec pulumi-resource-pulumi-python)
 PREPARES=(pulumi-language-python-exec pulumi-resource-pulumi-python)
-COLD_SECONDS=770
+COLD_SECONDS=326
 
 # The executor scripts ship in the sdk/v3 module (module zips drop file modes).
 prepare() {

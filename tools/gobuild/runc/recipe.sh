@@ -4,7 +4,7 @@
 VERSION=v1.5.3
 BINS=(runc)
 APT=(libseccomp-dev pkg-config gcc)
-COLD_SECONDS=25
+COLD_SECONDS=15
 
 build() {
   export CGO_ENABLED=1

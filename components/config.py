@@ -136,11 +136,17 @@ class SlurmConfig(_Model):
     wait_for_rollout: bool | None = Field(default=None, alias="waitForRollout")
     # taints slurmctld and login tolerate (a cluster, like the lab, whose every node is a GPU node)
     tolerate_taints: list[TaintConfig] = Field(default_factory=list, alias="tolerateTaints")
+    # labels a node must carry to run slurmctld and login (system nodes; the lab: its real nodes)
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
 
 
 class MonitoringConfig(_Model):
     prometheus_operator: bool = Field(default=False, alias="prometheusOperator")
     dcgm_image: str | None = Field(default=None, alias="dcgmImage")
+    # False where something else runs dcgm-exporter (the GPU Operator; the lab's GPU simulator)
+    dcgm_exporter: bool = Field(default=True, alias="dcgmExporter")
+    # the XID watchers' image (the runner's; default ghcr.io/autoheal/runner:<version>)
+    watcher_image: str | None = Field(default=None, alias="watcherImage")
     alertmanager_secrets_dir: str = Field(default="/etc/alertmanager/secrets", alias="alertmanagerSecretsDir")
 
 
@@ -157,6 +163,8 @@ class RunnerConfig(_Model):
     journal_size: str = Field(default="1Gi", alias="journalSize")
     journal_storage_class: str | None = Field(default=None, alias="journalStorageClass")
     settings: dict[str, Any] = Field(default_factory=dict)
+    tolerate_taints: list[TaintConfig] = Field(default_factory=list, alias="tolerateTaints")
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
 
 
 class StackConfig(_Model):

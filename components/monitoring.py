@@ -63,6 +63,8 @@ class GpuMonitoringArgs:
     # where the XID watchers post (Alertmanager's base URL), and the image they run from
     alertmanager_url: pulumi.Input[str] = DEFAULT_ALERTMANAGER_URL
     watcher_image: str = DEFAULT_WATCHER_IMAGE
+    # False where something else runs dcgm-exporter (the GPU Operator; the lab's GPU simulator)
+    dcgm_exporter: bool = True
 
 
 def _matcher(text: str) -> dict[str, str]:
@@ -126,7 +128,7 @@ class GpuMonitoring(pulumi.ComponentResource):
     """dcgm-exporter, the XID rules and the route to the runner; see the module docstring."""
 
     rules: dict[str, Any]
-    dcgm_exporter: k8s.apps.v1.DaemonSet
+    dcgm_exporter: k8s.apps.v1.DaemonSet | None
     xid_watcher: k8s.apps.v1.DaemonSet
 
     def __init__(
@@ -134,7 +136,8 @@ class GpuMonitoring(pulumi.ComponentResource):
     ) -> None:
         super().__init__("autoheal:monitoring:GpuMonitoring", name, None, opts)
         self._name, self._args = name, args
-        self.dcgm_exporter = self._dcgm_exporter(await_annotations(args.wait_for_rollout))
+        skip = await_annotations(args.wait_for_rollout)
+        self.dcgm_exporter = self._dcgm_exporter(skip) if args.dcgm_exporter else None
         self.xid_watcher = xid_watcher(
             self,
             name,

@@ -102,6 +102,8 @@ class RemediationRunnerArgs:
     cordon_sync: bool = True  # Kubernetes cordons and taints by hand drain in Slurm
     # taints the runner tolerates: none by default (it belongs on system nodes, not GPU nodes)
     tolerate: Sequence[Taint] = ()
+    # labels a node must carry to run the runner (e.g. system nodes); none: any
+    node_selector: Mapping[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         if not self.webhook_path.startswith("/"):
@@ -273,6 +275,7 @@ class RemediationRunner(pulumi.ComponentResource):
             containers=[runner_container(_pod_args(a))],
             volumes=volumes,
             tolerations=[t.toleration() for t in a.tolerate] or None,
+            node_selector=dict(a.node_selector) or None,
         )
         return k8s.apps.v1.Deployment(
             f"{self._name}-deployment",

@@ -124,6 +124,7 @@ def slurm_args(cfg: StackConfig, pools: list[GpuNodePool]) -> SlurmClusterArgs:
         grace_seconds=sc.grace_seconds,
         wait_for_rollout=cfg.wait_for_rollout if sc.wait_for_rollout is None else sc.wait_for_rollout,
         tolerate=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in sc.tolerate_taints),
+        node_selector=dict(sc.node_selector),
     )
 
 
@@ -143,6 +144,8 @@ def runner_args(
         journal_storage_class=rc.journal_storage_class,
         service_type=rc.service_type,
         wait_for_rollout=cfg.wait_for_rollout,
+        tolerate=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in rc.tolerate_taints),
+        node_selector=dict(rc.node_selector),
     )
     return dataclasses.replace(args, image=rc.image) if rc.image else args
 
@@ -156,6 +159,8 @@ def monitoring_args(
         token_secret=runner.token_secret,
         namespace=cluster.namespace,
         dcgm_image=mc.dcgm_image or DEFAULT_DCGM_IMAGE,
+        **({"watcher_image": mc.watcher_image} if mc.watcher_image else {}),
+        dcgm_exporter=mc.dcgm_exporter,
         prometheus_operator=mc.prometheus_operator,
         alertmanager_secrets_dir=mc.alertmanager_secrets_dir,
         wait_for_rollout=cfg.wait_for_rollout,

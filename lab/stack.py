@@ -7,7 +7,10 @@ config is per lab: a copy of `Pulumi.lab.yaml` whose kubeconfig points at this l
 A lab with real nodes runs what it declares: the images are the ones `autoheal images build` made
 for it, by digest; SlurmCluster is awaited (its volumes come from the lab's provisioner), the
 login Service is a NodePort reachable from this host, and the lab's own ssh key (ssh_key()) is
-the declared authorized key. Monitoring is not awaited: the lab has no dcgm-exporter image.
+the declared authorized key. slurmctld, login and the runner are pinned to real nodes (a pod
+on a KWOK node never runs, and real slurmds could not reach a controller there), the XID
+watchers run the lab's runner image, and no dcgm-exporter is declared: the lab's GPU simulator
+serves the DCGM metrics.
 """
 
 from __future__ import annotations
@@ -61,18 +64,27 @@ def built_images(cfg: LabConfig) -> dict[str, str]:
 
 
 def _real_node_config(cfg: LabConfig, conf: dict[str, Any]) -> None:
+    from lab.nodes.cluster import REAL_NODE_LABEL
+
     images = built_images(cfg)
     slurm = conf.setdefault("autoheal:slurm", {})
+    runner = conf.setdefault("autoheal:runner", {})
+    monitoring = conf.setdefault("autoheal:monitoring", {})
     if "slurm" in images:
         slurm["images"] = dict.fromkeys(("controller", "slurmd", "login", "munge"), images["slurm"])
     if "runner" in images:
-        conf.setdefault("autoheal:runner", {})["image"] = images["runner"]
+        runner["image"] = monitoring["watcherImage"] = images["runner"]
+    # the lab's GPU simulator serves the DCGM metrics (there is no GPU and no exporter image)
+    monitoring["dcgmExporter"] = False
+    # every lab node is a GPU node; the system pods go to real ones (a KWOK pod never runs)
+    pool_taints = [t for p in conf.get("autoheal:pools") or [] for t in p.get("taints", [])]
+    for part in (slurm, runner):
+        part["nodeSelector"] = {REAL_NODE_LABEL: "true"}
+        part["tolerateTaints"] = pool_taints
     key = ssh_key(cfg).with_suffix(".pub").read_text().strip()
     slurm["authorizedKeys"] = [*slurm.get("authorizedKeys", []), key]
     slurm["loginServiceType"] = "NodePort"
     slurm["waitForRollout"] = True
-    # every lab node is a GPU node: slurmctld and login tolerate the pools' taints
-    slurm["tolerateTaints"] = [t for p in conf.get("autoheal:pools") or [] for t in p.get("taints", [])]
     # a lab's disks are small: the declared sizes are capacity numbers only (hostPath)
     slurm.setdefault("storage", {}).update(stateSize="1Gi", homeSize="1Gi", checkpointSize="1Gi")
 

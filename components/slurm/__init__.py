@@ -15,7 +15,7 @@ no replacement (components.common.SubComponent).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pulumi
@@ -66,6 +66,8 @@ class SlurmClusterArgs:
     user: ClusterUser = field(default_factory=ClusterUser)  # who logs in and runs jobs
     # taints slurmctld and the login node tolerate: none by default (they belong on system nodes)
     tolerate: Sequence[Taint] = ()
+    # labels a node must carry to run slurmctld and the login node (e.g. system nodes); none: any
+    node_selector: Mapping[str, str] = field(default_factory=dict)
 
     def validate(self, name: str) -> None:
         if not self.pools:
@@ -101,7 +103,15 @@ class SlurmCluster(pulumi.ComponentResource):
             f"{name}-controller",
             name,
             SlurmControllerArgs(
-                ns, args.images.controller, args.storage, parts, skip, args.slurm_user, args.user, tolerations
+                ns,
+                args.images.controller,
+                args.storage,
+                parts,
+                skip,
+                args.slurm_user,
+                args.user,
+                tolerations,
+                dict(args.node_selector),
             ),
             opts=child(self),
         )
@@ -155,6 +165,7 @@ class SlurmCluster(pulumi.ComponentResource):
             annotations=skip,
             user=args.user,
             tolerations=tolerations,
+            node_selector=dict(args.node_selector),
         )
 
     def _workers_args(

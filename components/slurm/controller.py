@@ -10,7 +10,7 @@ and the pid directory (a fresh volume is root's).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -35,6 +35,7 @@ class SlurmControllerArgs:
     slurm_user: str
     user: ClusterUser
     tolerations: list[k8s.core.v1.TolerationArgs]
+    node_selector: dict[str, str] = field(default_factory=dict)
 
 
 class SlurmController(SubComponent):
@@ -101,6 +102,7 @@ def _pod(args: SlurmControllerArgs) -> k8s.core.v1.PodSpecArgs:
     )
     return k8s.core.v1.PodSpecArgs(
         tolerations=args.tolerations,
+        node_selector=args.node_selector or None,
         init_containers=[args.parts.munge_init, dirs, args.parts.munge],
         containers=[slurmctld],
         volumes=[*args.parts.volumes, kube.empty_dir("run")],

@@ -11,7 +11,7 @@ passwords, no root login, no PAM (a container has no login session to register).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -41,6 +41,7 @@ class SlurmLoginArgs:
     annotations: dict[str, str]  # on the Deployment and the Service (e.g. skipAwait)
     user: ClusterUser
     tolerations: list[k8s.core.v1.TolerationArgs]
+    node_selector: dict[str, str] = field(default_factory=dict)
 
 
 class SlurmLogin(SubComponent):
@@ -92,6 +93,7 @@ class SlurmLogin(SubComponent):
     ) -> k8s.apps.v1.Deployment:
         pod = k8s.core.v1.PodSpecArgs(
             tolerations=args.tolerations,
+            node_selector=args.node_selector or None,
             init_containers=[args.parts.munge_init, args.parts.munge],
             containers=[_sshd(args)],
             volumes=[

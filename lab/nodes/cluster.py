@@ -27,6 +27,9 @@ Progress = Callable[[str], None]
 LAB_SERVICES = ("apiproxy", "coredns", "provisioner")  # one of each per lab, beside the nodes
 DNS_HEALTH_PORT = 8080
 DNS_READY_PORT = 8181
+# On every real node: the lab stack pins slurmctld, the login node and the runner to real nodes
+# (a pod on a KWOK node never runs, and real slurmds could not reach a controller there).
+REAL_NODE_LABEL = "autoheal.io/lab-real-node"
 
 
 def _quiet(_: str) -> None:
@@ -251,6 +254,7 @@ def add(
     if name in state["nodes"]:
         raise LabError(f"real nodes: {name} is already a real node of this lab")
     index = int(state["next_index"])
+    labels = {**labels, REAL_NODE_LABEL: "true"}
     spec = NodeSpec(name, index, labels, taints, gpus)
     state["nodes"][name] = {"index": index, "labels": labels, "taints": taints, "gpus": gpus}
     state["next_index"] = index + 1

@@ -56,6 +56,8 @@ GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
 # --- Slurm -----------------------------------------------------------------------------------
 REASON_PREFIX: Final = "autoheal:"  # every Slurm reason autoheal sets starts with this
 SPARE_REASON: Final = "autoheal: hot spare"
+# the comment a promoted spare carries: "<this><failed node> <incident>" (slurm_spares)
+PROMOTION_PREFIX: Final = "autoheal: replaces "
 
 
 def spare_taint() -> dict[str, str]:

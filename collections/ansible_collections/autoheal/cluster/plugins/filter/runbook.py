@@ -11,6 +11,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ansible_collections.autoheal.cluster.plugins.module_utils.contract import PROMOTION_PREFIX
+
 Run = Mapping[str, Any]  # the fact autoheal_run (autoheal.cluster.runbook_inputs)
 
 
@@ -67,7 +69,7 @@ def nodes_where(nodes: Mapping[str, Mapping[str, Any]], **wanted: Any) -> list[s
 
 
 def promoted_for(
-    nodes: Mapping[str, Mapping[str, Any]], returning: Iterable[str], prefix: str = "autoheal: replaces "
+    nodes: Mapping[str, Mapping[str, Any]], returning: Iterable[str], prefix: str = PROMOTION_PREFIX
 ) -> list[str]:
     """The spares whose promotion record (the comment autoheal.cluster.slurm_spares writes,
     ``autoheal: replaces <node> <incident>``) names one of the `returning` nodes. A record stands

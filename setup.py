@@ -15,7 +15,7 @@ from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
 SHARE = "share/autoheal"
-# keep in step with MANIFEST.in (the sdist) and images/python.py DATA_ITEMS (the runner image)
+# keep in step with MANIFEST.in (the sdist); images/python.py data_items() reads this (the runner image)
 DATA = (
     "ansible.cfg",
     "Pulumi.yaml",

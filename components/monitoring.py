@@ -142,7 +142,7 @@ class GpuMonitoring(pulumi.ComponentResource):
             self,
             name,
             XidWatcherArgs(args.namespace, args.alertmanager_url, args.watcher_image),
-            await_annotations(args.wait_for_rollout),
+            skip,
         )
         self.rules = render_xid_rules()
         alertmanager = self._alertmanager_config()

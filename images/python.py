@@ -11,6 +11,7 @@ only that layer (seconds), not the Debian base with its dependencies (minutes).
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import hashlib
 import io
@@ -29,23 +30,6 @@ from pathlib import Path
 from autoheal.paths import data_root
 from images.debian import BuildError
 
-# what the runner needs from the project's data root at run time (ansible.cfg points at these)
-# The data root the wheel installs (setup.py DATA, pinned equal by tests/packaging/test_wheel.py):
-# the image carries what a wheel user gets, the example job and the monitoring files included.
-DATA_ITEMS = (
-    "ansible.cfg",
-    "Pulumi.yaml",
-    "Pulumi.lab.yaml",
-    "Pulumi.example-eks.yaml",
-    "__main__.py",
-    "playbooks",
-    "roles",
-    "collections",
-    "config",
-    "inventory",
-    "examples",
-    "monitoring",
-)
 # Ansible collections the runbook uses (kubernetes.core's k8s modules, community.general filters).
 # The `ansible` package ships them among ~90 others (~470 MB): only these two go into the image.
 COLLECTIONS = ("kubernetes/core", "community/general")
@@ -53,6 +37,18 @@ COLLECTIONS = ("kubernetes/core", "community/general")
 FULL_ANSIBLE = "ansible"
 PREFIX = "/opt/autoheal"
 _SKIP = ("__pycache__", ".pyc", ".mypy_cache", ".pytest_cache", ".ruff_cache")
+
+
+def data_items(root: Path) -> tuple[str, ...]:
+    """The data root the runner image carries: setup.py's DATA, read from the checkout, so the
+    image holds exactly what a wheel user gets (it once lacked examples/ and monitoring/)."""
+    tree = ast.parse((root / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "DATA" for t in node.targets
+        ):
+            return tuple(ast.literal_eval(node.value))
+    raise BuildError(f"runner image: {root / 'setup.py'} defines no DATA (the data root to ship)")
 
 
 def project_root() -> Path:
@@ -209,7 +205,12 @@ def _files(root: Path, items: list[str]) -> list[Path]:
 
 
 def project_items(root: Path) -> list[str]:
-    return ["pyproject.toml", "README.md", *_packages(root), *(i for i in DATA_ITEMS if (root / i).exists())]
+    return [
+        "pyproject.toml",
+        "README.md",
+        *_packages(root),
+        *(i for i in data_items(root) if (root / i).exists()),
+    ]
 
 
 def project_hash(root: Path) -> str:
@@ -274,7 +275,7 @@ def project_layer(root: Path, python: str, out_tar: Path, log: Path) -> None:
         script.chmod(0o755)
         share = tmp / "tree" / "share" / "autoheal"
         share.mkdir(parents=True)
-        for item in DATA_ITEMS:
+        for item in data_items(root):
             if (root / item).is_dir():
                 shutil.copytree(root / item, share / item, ignore=shutil.ignore_patterns(*_SKIP, "*.pyc"))
             elif (root / item).is_file():

@@ -219,11 +219,11 @@ def _run_module(args: dict[str, Any], timeout: float) -> dict[str, Any]:
                     break
                 out += chunk
         sel.close()
-    else_killed = time.monotonic() >= deadline
-    if else_killed:
+    timed_out = time.monotonic() >= deadline
+    if timed_out:
         os.kill(pid, 9)
     os.waitpid(pid, 0)
-    if else_killed:
+    if timed_out:
         return {"failed": True, "msg": f"the fence module did not end in {timeout:.0f}s"}
     text = out.decode(errors="replace").strip()
     start = text.rfind("\n{")  # the module's JSON is the last thing it prints

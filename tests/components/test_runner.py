@@ -124,7 +124,7 @@ def test_webhook_url_is_the_one_the_shipped_alertmanager_config_calls(lab):
 
 
 def test_rules_ship_as_a_config_map_and_playbooks_come_from_the_image(lab):
-    from images.python import DATA_ITEMS, PREFIX
+    from images.python import PREFIX, data_items, project_root
     from images.recipes import RUNNER
 
     config = lab.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config")
@@ -136,7 +136,7 @@ def test_rules_ship_as_a_config_map_and_playbooks_come_from_the_image(lab):
     # where images/python.py puts the project, with everything the playbooks include
     assert RUNNER.runtime.working_dir == f"{PREFIX}/share/autoheal"
     assert settings["playbook_dir"] == f"{PREFIX}/share/autoheal/playbooks"
-    assert {"playbooks", "roles", "collections", "ansible.cfg"} <= set(DATA_ITEMS)
+    assert {"playbooks", "roles", "collections", "ansible.cfg"} <= set(data_items(project_root()))
     (container,) = pod_spec(lab.one("kubernetes:apps/v1:Deployment", "autoheal-runner"))["containers"]
     assert env_of(container)["ANSIBLE_CONFIG"]["value"] == f"{PREFIX}/share/autoheal/ansible.cfg"
 

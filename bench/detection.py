@@ -16,7 +16,7 @@ at a random moment within one scrape interval (faults do not wait for scrapes).
 Prints p50/p99/max beside the targets (issue 16): watcher path
 fault -> webhook <= 1 s p99; fault -> fenced <= 2 s p99 (5.0 s through the metric path before).
 
-    .venv/bin/python bench/detection.py [--trials 20] [--slow-trials 8] [--fence-trials 6]
+    .venv/bin/python bench/detection.py [--trials 20] [--slow-trials 8] [--fence-trials 10]
                                         [--port-base 18000] [--no-fence]
 """
 
@@ -200,7 +200,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=20, help="watcher and metric @1s trials")
     ap.add_argument("--slow-trials", type=int, default=8, help="metric @15s trials")
-    ap.add_argument("--fence-trials", type=int, default=6)
+    ap.add_argument("--fence-trials", type=int, default=10)
     ap.add_argument("--port-base", type=int, default=18000)
     ap.add_argument("--no-fence", action="store_true", help="skip the Kubernetes + runner lab")
     ap.add_argument("--fence-only", action="store_true", help="only the Kubernetes + runner lab")
@@ -229,7 +229,9 @@ def main() -> None:
         finally:
             labmod.down(cfg)
     if not a.no_fence:
-        cfg = lab_config(root, f"{a.name_prefix}detfence", a.port_base, "15s", True, True)
+        # a fresh active node per trial: spares promoted in earlier trials are not used twice
+        nodes = a.fence_trials + 2
+        cfg = lab_config(root, f"{a.name_prefix}detfence", a.port_base, "15s", True, True, nodes=nodes)
         try:
             run_lab(cfg, "fence (Kubernetes + runner)")
             results["fence"] = fence_trials(cfg, a.fence_trials, 60.0)

@@ -1,4 +1,4 @@
-"""The SQLite journal: the runner's memory and its queue.
+"""The journal: the runner's memory and its queue.
 
 Everything the runner knows is here, written before it is acknowledged: the alerts received, the
 incidents they opened or joined, the policy decisions, each ansible-runner run and step, and each
@@ -6,13 +6,16 @@ incident's timeline (received -> fenced -> jobs_signalled -> requeued -> drained
 replacement_ready -> resolved). Because the queue *is* the incidents table, a runner that is killed
 loses nothing: on start it reads back what was admitted or running and resumes it. WAL mode lets the
 CLI read (and pause, cancel, reset the breaker) from another process while the server writes.
+
+The journal is an embedded SQLite file by default (Journal(path)), or a PostgreSQL database that
+runner replicas share (Journal.postgres(dsn)): the same schema, SQL and tests on both; what differs
+between the two engines lives in remediation/journal_db.py.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import threading
 import time
 import uuid
@@ -24,6 +27,7 @@ from typing import Any
 
 from autoheal import __version__
 from remediation.errors import IllegalTransition, JournalError
+from remediation.journal_db import Database, PostgresDatabase, Row, SqliteDatabase
 from remediation.states import (
     CANCELLABLE_NOW,
     CLOSED_STATES,
@@ -49,7 +53,10 @@ TIMELINE_PHASES = (
     "resolved",
 )
 
-SCHEMA_VERSION = 3  # PRAGMA user_version; 0 = a file from before versioning (the v1 schema)
+# Recorded by the database (SQLite: PRAGMA user_version); 0 = a file from before versioning (the
+# v1 schema). The schema and migrations are written in SQLite's types; PostgreSQL gets them in its
+# own (journal_db).
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS alerts (
     id INTEGER PRIMARY KEY,
@@ -234,7 +241,7 @@ class TimelineEntry:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 
-def _incident(row: sqlite3.Row) -> IncidentRecord:
+def _incident(row: Row) -> IncidentRecord:
     d = dict(row)
     d["extra_vars"] = json.loads(d["extra_vars"])
     for key in ("rule_dry_run", "opt_out", "dry_run", "cancel_requested"):
@@ -243,7 +250,7 @@ def _incident(row: sqlite3.Row) -> IncidentRecord:
     return IncidentRecord(**d)
 
 
-def _run(row: sqlite3.Row) -> RunRecord:
+def _run(row: Row) -> RunRecord:
     d = dict(row)
     d["incident_ids"] = json.loads(d["incident_ids"])
     d["nodes"] = json.loads(d["nodes"])
@@ -260,7 +267,7 @@ def new_incident_id() -> str:
 class Tx:
     """Operations inside one journal transaction (see Journal.transaction)."""
 
-    def __init__(self, conn: sqlite3.Connection, now: float, on_illegal: IllegalHook | None = None) -> None:
+    def __init__(self, conn: Database, now: float, on_illegal: IllegalHook | None = None) -> None:
         self.conn = conn
         self.now = now
         self._on_illegal = on_illegal
@@ -378,7 +385,9 @@ class Tx:
         self.conn.execute(
             "UPDATE incidents SET alert_count = alert_count + 1,"
             " resolved_alerts = resolved_alerts + ?, updated_at=?,"
-            " tier = CASE WHEN ? IS NOT NULL AND state IN ('pending','held') THEN ? ELSE tier END"
+            # CAST: PostgreSQL cannot tell the type of a bare parameter tested for NULL
+            " tier = CASE WHEN CAST(? AS TEXT) IS NOT NULL AND state IN ('pending','held')"
+            " THEN ? ELSE tier END"
             " WHERE id=?",
             (int(resolved), self.now, tier, tier, incident_id),
         )
@@ -449,7 +458,7 @@ class Tx:
         private_dir: str = "",
         events_path: str = "",
     ) -> int:
-        cur = self.conn.execute(
+        return self.conn.insert(
             "INSERT INTO runs (playbook, incident_ids, nodes, check_mode, status, started_at,"
             " owner_pid, private_dir, events_path, source, autoheal_version) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (
@@ -466,9 +475,6 @@ class Tx:
                 __version__,
             ),
         )
-        if cur.lastrowid is None:
-            raise JournalError("journal: the new run got no row id")
-        return int(cur.lastrowid)
 
     def update_run(self, run_id: int, **fields: Any) -> None:
         allowed = {
@@ -513,10 +519,15 @@ class Tx:
             (key, json.dumps(value), self.now, actor),
         )
 
+    def setting(self, key: str, default: Any = None) -> Any:
+        """A setting as this transaction sees it (after the write lock: no other writer between)."""
+        row = self.conn.execute("SELECT value FROM settings WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
 
-def _statements(script: str) -> list[str]:
-    """A script's statements (ours contain no ';' inside literals)."""
-    return [part.strip() for part in script.split(";") if part.strip()]
+
+# A check run first in every write transaction of a journal handle; raising refuses the whole
+# transaction. The leader's worker is guarded by its fencing token (remediation/fencing.py).
+Guard = Callable[[Tx], None]
 
 
 def _pid() -> int:
@@ -526,55 +537,70 @@ def _pid() -> int:
 
 
 class Journal:
-    """A thread-safe handle on the journal database (one connection, serialised by a lock)."""
+    """A thread-safe handle on the journal database (one connection, serialised by a lock).
 
-    def __init__(self, path: Path, on_illegal: IllegalHook | None = None) -> None:
-        self.path = path
+    Journal(path) opens, creating it if need be, the embedded SQLite file; Journal.postgres(dsn)
+    a PostgreSQL database that several runner replicas may share.
+    """
+
+    def __init__(self, path: Path | Database, on_illegal: IllegalHook | None = None) -> None:
+        self._db = path if isinstance(path, Database) else SqliteDatabase(path)
+        self.path: Path | None = None if isinstance(path, Database) else path  # the SQLite file, if any
+        self.name = self._db.name  # the file or the DSN (without password): for messages
         self.on_illegal = on_illegal  # set by the runtime: counts refused state changes
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
-            self._conn.row_factory = sqlite3.Row
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            # FULL: a commit is on disk (WAL fsynced) before the webhook answers 2xx.
-            self._conn.execute("PRAGMA synchronous=FULL")
-            self._conn.execute("PRAGMA busy_timeout=30000")
-            self._migrate()
-        except sqlite3.Error as exc:
-            raise JournalError(f"journal {path}: cannot open: {exc}") from exc
+        self.guard: Guard | None = None  # set by the runtime under leader election
         self._lock = threading.RLock()
+        try:
+            self._migrate()
+        except self._db.Error as exc:
+            self._db.close()
+            raise JournalError(f"journal {self.name}: cannot open: {exc}") from exc
+        except BaseException:
+            self._db.close()
+            raise
+
+    @classmethod
+    def postgres(cls, dsn: str, on_illegal: IllegalHook | None = None) -> Journal:
+        """The journal in a PostgreSQL database, named by a libpq DSN: a URL
+        (postgresql://user@host:port/db) or conninfo. The password is not in the DSN: libpq reads
+        $PGPASSWORD or $PGPASSFILE (~/.pgpass). Creates the schema if the database has none."""
+        return cls(PostgresDatabase(dsn), on_illegal)
 
     @property
     def schema_version(self) -> int:
-        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        with self._lock:
+            return self._db.schema_version()
 
     def _migrate(self) -> None:
-        """Create the schema, or bring an older file up to SCHEMA_VERSION (one transaction).
-        A current file is only read: the CLI can open a journal whose disk is full."""
-        if self.schema_version == SCHEMA_VERSION:
+        """Create the schema, or bring an older one up to SCHEMA_VERSION, in one write transaction
+        (so two replicas opening a new PostgreSQL journal at once create it once). A current
+        journal is only read: the CLI can open a journal whose disk is full."""
+        db = self._db
+        if db.schema_version() == SCHEMA_VERSION:
             return
-        self._conn.execute("BEGIN IMMEDIATE")
+        db.begin()
         try:
-            version = self.schema_version
+            version = db.schema_version()
             if version > SCHEMA_VERSION:
                 raise JournalError(
-                    f"journal {self.path}: schema version {version} is newer than this runner's"
+                    f"journal {self.name}: schema version {version} is newer than this runner's"
                     f" ({SCHEMA_VERSION}); run the newer runner or restore a backup"
                 )
-            fresh = not self._conn.execute("SELECT 1 FROM sqlite_master WHERE name='incidents'").fetchone()
-            for stmt in _statements(_SCHEMA):  # IF NOT EXISTS: adds only what is missing
-                self._conn.execute(stmt)
-            version = SCHEMA_VERSION if fresh else max(version, 1)
-            while version < SCHEMA_VERSION:
-                for stmt in _statements(_MIGRATIONS[version]):
-                    self._conn.execute(stmt)
-                version += 1
-                log.info("journal %s: migrated to schema version %d", self.path, version)
-            self._conn.execute(f"PRAGMA user_version={int(version)}")
+            if version < SCHEMA_VERSION:  # else another replica did it while we waited
+                fresh = not db.has_table("incidents")
+                for stmt in db.ddl(_SCHEMA):  # IF NOT EXISTS: adds only what is missing
+                    db.execute(stmt)
+                version = SCHEMA_VERSION if fresh else max(version, 1)
+                while version < SCHEMA_VERSION:
+                    for stmt in db.ddl(_MIGRATIONS[version]):
+                        db.execute(stmt)
+                    version += 1
+                    log.info("journal %s: migrated to schema version %d", self.name, version)
+                db.set_schema_version(version)
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            db.rollback()
             raise
-        self._conn.execute("COMMIT")
+        db.commit()
 
     def prune(self, before: float) -> int:
         """Forget closed incidents that closed before `before`, with their alerts, timeline,
@@ -599,8 +625,9 @@ class Journal:
             c.execute("DELETE FROM alerts WHERE incident_id IS NULL AND received_at < ?", (before,))
             c.execute("DELETE FROM incidents WHERE id IN (SELECT id FROM prune_ids)")
             c.execute(
-                "DELETE FROM runs WHERE finished_at IS NOT NULL AND finished_at < ? AND NOT EXISTS"
-                " (SELECT 1 FROM json_each(runs.incident_ids) AS j, incidents WHERE incidents.id = j.value)",
+                "DELETE FROM runs WHERE finished_at IS NOT NULL AND finished_at < ? AND NOT EXISTS"  # noqa: S608
+                f" (SELECT 1 FROM {c.json_values('runs.incident_ids')}, incidents"
+                " WHERE incidents.id = j.value)",
                 (before,),
             )
             c.execute("DELETE FROM steps WHERE run_id NOT IN (SELECT id FROM runs)")
@@ -608,45 +635,48 @@ class Journal:
 
     def close(self) -> None:
         with self._lock:
-            self._conn.close()
+            self._db.close()
 
     @contextmanager
     def transaction(self, now: float | None = None) -> Iterator[Tx]:
-        """One atomic, durable write; raises JournalError (nothing written) on failure."""
+        """One atomic, durable write; raises JournalError (nothing written) on failure. Writers
+        take turns, across processes and replicas too (Database.begin)."""
+        db = self._db
         with self._lock:
             try:
-                self._conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise JournalError(f"journal {self.path}: cannot begin: {exc}") from exc
+                db.begin()
+            except db.Error as exc:
+                raise JournalError(f"journal {self.name}: cannot begin: {exc}") from exc
             try:
-                yield Tx(self._conn, time.time() if now is None else now, self.on_illegal)
-            except sqlite3.Error as exc:  # e.g. SQLITE_FULL: the disk is full
+                tx = Tx(db, time.time() if now is None else now, self.on_illegal)
+                if self.guard is not None:
+                    self.guard(tx)
+                yield tx
+            except db.Error as exc:  # e.g. SQLITE_FULL (the disk is full), a lost server connection
                 self._rollback()
-                raise JournalError(f"journal {self.path}: write failed: {exc}") from exc
+                raise JournalError(f"journal {self.name}: write failed: {exc}") from exc
             except BaseException:
                 self._rollback()
                 raise
             try:
-                self._conn.execute("COMMIT")
-            except sqlite3.Error as exc:
+                db.commit()
+            except db.Error as exc:
                 self._rollback()
-                raise JournalError(f"journal {self.path}: commit failed: {exc}") from exc
+                raise JournalError(f"journal {self.name}: commit failed: {exc}") from exc
 
     def _rollback(self) -> None:
-        """Undo the open transaction, if SQLite has not already (it rolls back by itself on some
-        errors, SQLITE_FULL among them, and a second ROLLBACK would hide the first error)."""
-        if self._conn.in_transaction:
-            try:
-                self._conn.execute("ROLLBACK")
-            except sqlite3.Error as exc:
-                log.error("journal %s: rollback failed: %s", self.path, exc)
+        """Undo the open transaction, if the database has not already (Database.rollback)."""
+        try:
+            self._db.rollback()
+        except self._db.Error as exc:
+            log.error("journal %s: rollback failed: %s", self.name, exc)
 
-    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Row]:
         with self._lock:
             try:
-                return list(self._conn.execute(sql, args).fetchall())
-            except sqlite3.Error as exc:
-                raise JournalError(f"journal {self.path}: query failed: {exc}") from exc
+                return self._db.read(sql, args)
+            except self._db.Error as exc:
+                raise JournalError(f"journal {self.name}: query failed: {exc}") from exc
 
     # reads ------------------------------------------------------------------------------------
     def incident(self, incident_id: str) -> IncidentRecord | None:
@@ -657,7 +687,7 @@ class Journal:
         """An incident this process created or was handed: its absence is a journal fault."""
         inc = self.incident(incident_id)
         if inc is None:
-            raise JournalError(f"journal {self.path}: incident {incident_id} is missing")
+            raise JournalError(f"journal {self.name}: incident {incident_id} is missing")
         return inc
 
     def incidents(self, states: Sequence[str] | None = None, limit: int = 1000) -> list[IncidentRecord]:
@@ -669,7 +699,8 @@ class Journal:
             )
         else:
             rows = self._query(
-                "SELECT * FROM (SELECT * FROM incidents ORDER BY opened_at DESC LIMIT ?) ORDER BY opened_at",
+                "SELECT * FROM (SELECT * FROM incidents ORDER BY opened_at DESC LIMIT ?) AS recent"
+                " ORDER BY opened_at",
                 (limit,),
             )
         return [_incident(r) for r in rows]
@@ -737,7 +768,7 @@ class Journal:
         """A run this process created: its absence is a journal fault."""
         run = self.run(run_id)
         if run is None:
-            raise JournalError(f"journal {self.path}: run {run_id} is missing")
+            raise JournalError(f"journal {self.name}: run {run_id} is missing")
         return run
 
     def runs(self, status: str | None = None) -> list[RunRecord]:
@@ -749,7 +780,8 @@ class Journal:
 
     def runs_of(self, incident_id: str) -> list[RunRecord]:
         rows = self._query(
-            "SELECT runs.* FROM runs, json_each(runs.incident_ids) AS j WHERE j.value=? ORDER BY runs.id",
+            f"SELECT runs.* FROM runs, {self._db.json_values('runs.incident_ids')}"  # noqa: S608
+            " WHERE j.value=? ORDER BY runs.id",
             (incident_id,),
         )
         return [_run(r) for r in rows]

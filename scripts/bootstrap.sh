@@ -31,9 +31,11 @@ declare -A TOOK=()
 # ---- what is missing? ---------------------------------------------------------------------------
 # mmdebstrap builds the images from Debian packages, skopeo pushes them, docker-registry is the
 # registry the push test pushes to; iptables is what kube-proxy and the CNI plugins program;
-# ansible-rulebook (the rulebook test) runs its rules engine on a JVM.
+# ansible-rulebook (the rulebook test) runs its rules engine on a JVM; postgresql is the server of
+# the journal's PostgreSQL engine (lab/postgres.py runs private clusters of it; Debian's default
+# cluster is not used).
 APT_PKGS=(slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager
-  mmdebstrap skopeo docker-registry iptables openjdk-17-jre-headless)
+  mmdebstrap skopeo docker-registry iptables openjdk-17-jre-headless postgresql)
 WITH_TOOLS=1
 if [[ "${AUTOHEAL_SKIP_TOOLS:-0}" == 1 ]]; then WITH_TOOLS=0; fi
 tools_todo=()

@@ -1,22 +1,36 @@
-"""Fixtures for the runner's tests: a config in a tmp dir, a built runtime, the stub's effects."""
+"""Fixtures for the runner's tests: a config in a tmp dir, a built runtime, the stub's effects, and
+the journal on each of its engines (SQLite, and PostgreSQL on a private server for the session)."""
 
 from __future__ import annotations
 
+import itertools
+import shutil
+import sqlite3
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from remhelp import make_config
 
+from autoheal.errors import LabError
+from lab.postgres import PostgresServer, server_bin
 from remediation.app import Runtime
 from remediation.config import RunnerConfig
+from remediation.journal import Journal
 from remediation.kube import FakeKube
 from remediation.runtime import build
+from tests.support import port_base
+
+PG_PORT = port_base(24700)  # +0: the session's server; +1: a test's own server (restarted, stopped)
+_PG_DATABASES = itertools.count(1)
 
 
 @pytest.fixture
@@ -60,3 +74,88 @@ def effects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "ignore:Using `httpx` with `starlette.testclient`:UserWarning")
+
+
+def _pg_folder() -> Path:
+    # not under pytest's tmp_path: that is closed to the `postgres` user the server runs as
+    return Path(tempfile.mkdtemp(prefix="autoheal-pg-"))
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server for the whole session (initdb and start: about a second)."""
+    try:
+        server_bin()
+    except LabError as exc:
+        pytest.skip(f"POSTGRESQL JOURNAL NOT TESTED: {exc}")
+    folder = _pg_folder()
+    try:
+        with PostgresServer(folder, PG_PORT) as server:
+            yield server
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def own_pg() -> Iterator[PostgresServer]:
+    """A server of the test's own, to stop and restart (the session's serves the other tests)."""
+    try:
+        server_bin()
+    except LabError as exc:
+        pytest.skip(f"POSTGRESQL JOURNAL NOT TESTED: {exc}")
+    folder = _pg_folder()
+    try:
+        with PostgresServer(folder, PG_PORT + 1) as server:
+            yield server
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_dsn(pg_server: PostgresServer) -> Iterator[str]:
+    """A fresh, empty database on the session's server, dropped after the test."""
+    name = f"t_{next(_PG_DATABASES)}"
+    pg_server.create_database(name)
+    yield pg_server.dsn(name)
+    pg_server.drop_database(name)
+
+
+@dataclass
+class JournalTarget:
+    """Where a test's journal lives, on one engine: open() gives a handle on it (again and again)."""
+
+    kind: str
+    path: Path | None = None  # sqlite
+    dsn: str | None = None  # postgres
+    opened: list[Journal] = field(default_factory=list)
+
+    def open(self, **kwargs: Any) -> Journal:
+        if self.dsn is not None:
+            journal = Journal.postgres(self.dsn, **kwargs)
+        else:
+            assert self.path is not None
+            journal = Journal(self.path, **kwargs)
+        self.opened.append(journal)
+        return journal
+
+    def write_schema_version(self, version: int) -> None:
+        """Record `version` behind the journal's back (as a newer runner would have)."""
+        if self.dsn is not None:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                conn.execute("UPDATE schema_version SET version = %s", (version,))
+        else:
+            con = sqlite3.connect(str(self.path))
+            con.execute(f"PRAGMA user_version={int(version)}")
+            con.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def journal_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[JournalTarget]:
+    """The journal-level tests run on both engines: the same tests, the same expectations."""
+    if request.param == "sqlite":
+        target = JournalTarget("sqlite", path=tmp_path / "j.sqlite")
+    else:
+        target = JournalTarget("postgres", dsn=request.getfixturevalue("pg_dsn"))
+    yield target
+    for journal in target.opened:
+        journal.close()

@@ -7,7 +7,6 @@ import time
 import pytest
 
 from autoheal.xid import load_catalog
-from remediation.journal import Journal
 from remediation.kube import FakeKube
 from remediation.manual import reset_breaker
 from remediation.policy import BREAKER_KEY, Policy, breaker_state, budget_limit
@@ -15,10 +14,9 @@ from remediation.states import IncidentState
 
 
 @pytest.fixture
-def journal(tmp_path):
-    j = Journal(tmp_path / "j.sqlite")
-    yield j
-    j.close()
+def journal(journal_target):
+    """The policy's decisions read the journal: on each engine (SQLite, PostgreSQL)."""
+    return journal_target.open()
 
 
 def _open(journal, node, xid=79, tier="replace", rule_dry_run=False, opened=None):

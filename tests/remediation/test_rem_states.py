@@ -1,5 +1,6 @@
 """The incident state machine (remediation/states.py) as the journal enforces it, the journal's
-schema version and migration of a file from before versioning, and pruning."""
+schema version and migration of a file from before versioning, and pruning; the journal-level
+tests run on both engines (the journal_target fixture: SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -69,9 +70,9 @@ def test_every_state_has_a_row_and_closed_states_are_final():
         ([S.NOTIFIED], S.PENDING),
     ],
 )
-def test_illegal_move_is_refused_logged_counted_and_writes_nothing(tmp_path, caplog, path, refused):
+def test_illegal_move_is_refused_logged_counted_and_writes_nothing(journal_target, caplog, path, refused):
     metrics = Metrics()
-    journal = Journal(tmp_path / "j.sqlite", on_illegal=metrics.count_illegal)
+    journal = journal_target.open(on_illegal=metrics.count_illegal)
     with journal.transaction() as tx:
         iid = _open(tx)
         for state in path:
@@ -90,8 +91,8 @@ def test_illegal_move_is_refused_logged_counted_and_writes_nothing(tmp_path, cap
     assert sample == 1.0
 
 
-def test_legal_path_sets_closed_at_only_when_closed(tmp_path):
-    journal = Journal(tmp_path / "j.sqlite")
+def test_legal_path_sets_closed_at_only_when_closed(journal_target):
+    journal = journal_target.open()
     with journal.transaction() as tx:
         iid = _open(tx)
         tx.transition(iid, S.ADMITTED, "admitted", tier="reset")
@@ -106,8 +107,8 @@ def test_legal_path_sets_closed_at_only_when_closed(tmp_path):
     assert inc.state is S.COMPLETED and inc.closed_at is not None and not inc.is_open
 
 
-def test_an_incident_starts_pending_or_admitted_only(tmp_path):
-    journal = Journal(tmp_path / "j.sqlite")
+def test_an_incident_starts_pending_or_admitted_only(journal_target):
+    journal = journal_target.open()
     with pytest.raises(JournalError, match="cannot start running"), journal.transaction() as tx:
         _open(tx, state=S.RUNNING)
 
@@ -127,6 +128,7 @@ _V1_RUNS = """CREATE TABLE runs (id INTEGER PRIMARY KEY, playbook TEXT NOT NULL,
 
 
 def test_a_journal_from_before_versioning_is_migrated(tmp_path: Path):
+    # SQLite only: versioning came before the PostgreSQL engine, whose journals start at v3
     path = tmp_path / "old.sqlite"
     con = sqlite3.connect(path)
     con.execute(_V1_RUNS)
@@ -155,18 +157,25 @@ def test_a_journal_from_before_versioning_is_migrated(tmp_path: Path):
     assert Journal(path).schema_version == SCHEMA_VERSION  # reopening changes nothing
 
 
-def test_a_journal_from_a_newer_runner_is_refused(tmp_path: Path):
-    path = tmp_path / "new.sqlite"
-    Journal(path).close()
-    con = sqlite3.connect(path)
-    con.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
-    con.close()
+def test_a_journal_is_created_at_the_current_version_and_reopened_as_it_is(journal_target):
+    journal = journal_target.open()
+    assert journal.schema_version == SCHEMA_VERSION
+    with journal.transaction() as tx:
+        iid = _open(tx)
+    journal.close()
+    again = journal_target.open()
+    assert again.schema_version == SCHEMA_VERSION and again.require_incident(iid).state is S.PENDING
+
+
+def test_a_journal_from_a_newer_runner_is_refused(journal_target):
+    journal_target.open().close()
+    journal_target.write_schema_version(SCHEMA_VERSION + 1)
     with pytest.raises(JournalError, match="newer than this runner"):
-        Journal(path)
+        journal_target.open()
 
 
-def test_prune_forgets_old_closed_incidents_and_keeps_open_ones(tmp_path: Path):
-    journal = Journal(tmp_path / "j.sqlite")
+def test_prune_forgets_old_closed_incidents_and_keeps_open_ones(journal_target):
+    journal = journal_target.open()
     old = time.time() - 100 * 86400
     with journal.transaction(now=old) as tx:
         done = _open(tx, "gpu-1")
@@ -189,18 +198,27 @@ def test_prune_forgets_old_closed_incidents_and_keeps_open_ones(tmp_path: Path):
             incident_id=done,
         )
         still_open = _open(tx, "gpu-2")
+        shared = tx.create_run(  # an old run that also served an incident still open: kept
+            playbook="p.yml", incident_ids=[done, still_open], nodes=["gpu-1", "gpu-2"], check_mode=False,
+            source="worker",
+        )  # fmt: skip
+        tx.update_run(shared, status=RunStatus.SUCCESSFUL, finished_at=old)
     with journal.transaction() as tx:
         recent = _open(tx, "gpu-3")
         tx.transition(recent, S.NOTIFIED, "x")
+    assert [r.id for r in journal.runs_of(done)] == [run, shared]
     assert journal.prune(time.time() - 30 * 86400) == 1
     assert journal.incident(done) is None and journal.timeline(done) == []
-    assert journal.runs() == [] and journal.steps(run) == [] and journal.alerts(done) == []
+    assert (
+        [r.id for r in journal.runs()] == [shared] and journal.steps(run) == [] and journal.alerts(done) == []
+    )
+    assert [r.id for r in journal.runs_of(still_open)] == [shared]
     assert journal.incident(still_open) is not None and journal.incident(recent) is not None
 
 
-def test_run_by_hand_on_a_locked_node_fails_and_is_not_left_queued(tmp_path: Path, config_factory):
+def test_run_by_hand_on_a_locked_node_fails_and_is_not_left_queued(journal_target, config_factory):
     cfg = config_factory()
-    journal = Journal(cfg.journal_path)
+    journal = journal_target.open()
     with NodeLocks(cfg.state_dir / "locks").hold(["gpu-1"]):
         inc = run_by_hand(cfg, journal, "notify_only.yml", "gpu-1", check=False)
     assert inc.state is S.FAILED and "not run" in inc.reason and "gpu-1" in inc.reason

@@ -189,14 +189,13 @@ def test_sending_never_blocks_when_the_sink_is_down():
     n.stop(timeout=0.1)
 
 
-def test_group_commit_rolls_back_a_failing_delivery_alone(tmp_path):
+def test_group_commit_rolls_back_a_failing_delivery_alone(journal_target):
     from concurrent.futures import Future
 
     from remediation.committer import GroupCommitter
     from remediation.errors import JournalError
-    from remediation.journal import Journal
 
-    journal = Journal(tmp_path / "j.sqlite")
+    journal = journal_target.open()
 
     class Intake:
         def apply(self, tx, routed):

@@ -22,16 +22,21 @@ rules ship as a ConfigMap; the playbooks (with the vars/, specs/ and tasks/ they
 and the in-repo collection come from the runner image, so they always match (the entry
 playbooks' hash on the pod template still rolls the runner when they change). The incident
 journal (SQLite) lives on a PersistentVolumeClaim, because nothing is acknowledged to
-Alertmanager before it is on disk. In its pod the runner uses its ServiceAccount's token
-(in_cluster), reaches slurmctld through a munge sidecar (components/runner_pod.py, which says
-why), checks both on /readyz, and runs the cordon sync.
+Alertmanager before it is on disk; that makes one replica. With `journal="postgres"` the journal
+is a shared PostgreSQL database instead (its password from a Secret, as PGPASSWORD), the runner
+runs `replicas` pods with leader election on a Lease in its namespace (Role: leases get, create,
+update; remediation/leader.py), a PodDisruptionBudget keeps one up, and a rolling update hands the
+Lease over: every replica answers the webhook, the leader alone runs plays. In its pod the runner
+uses its ServiceAccount's token (in_cluster), reaches slurmctld through a munge sidecar
+(components/runner_pod.py, which says why), checks both on /readyz, and runs the cordon sync.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -70,6 +75,25 @@ RUNNER_RBAC_RULES: tuple[Rule, ...] = (
     (("",), ("pods/eviction",), ("create",)),
 )
 RUNNER_EVENT_RULES: tuple[Rule, ...] = ((("",), ("events",), ("get", "list", "create")),)
+# leader election (journal="postgres"), in the runner's own namespace: the one Lease, read,
+# created on first start, renewed (update); nothing else of coordination.k8s.io
+RUNNER_LEASE_RULES: tuple[Rule, ...] = ((("coordination.k8s.io",), ("leases",), ("get", "create", "update")),)
+LEASE_NAME = RUNNER_NAME
+
+
+@dataclass(frozen=True)
+class RunnerPostgresArgs:
+    """A PostgreSQL journal shared by the replicas. `url` carries no password (libpq URL:
+    postgresql://user@host:port/db?sslmode=verify-full); the password is a Secret's key."""
+
+    url: str
+    password: SecretRef | None = None
+
+    def validate(self) -> None:
+        if not self.url.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"postgres.url must be a postgresql:// URL, got {self.url!r}")
+        if urlsplit(self.url).password is not None:
+            raise ValueError("postgres.url must not carry a password: set postgres.password (a Secret)")
 
 
 def _policy_rules(rules: tuple[Rule, ...]) -> list[k8s.rbac.v1.PolicyRuleArgs]:
@@ -104,8 +128,25 @@ class RemediationRunnerArgs:
     tolerate: Sequence[Taint] = ()
     # labels a node must carry to run the runner (e.g. system nodes); none: any
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    # "sqlite": one replica, its journal on a PVC; "postgres": `replicas` pods sharing `postgres`
+    journal: Literal["sqlite", "postgres"] = "sqlite"
+    postgres: RunnerPostgresArgs | None = None
+    replicas: int = 1
 
     def validate(self) -> None:
+        if self.journal not in ("sqlite", "postgres"):
+            raise ValueError(f"journal must be 'sqlite' or 'postgres', got {self.journal!r}")
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {self.replicas}")
+        if self.journal == "sqlite" and self.replicas != 1:
+            raise ValueError(
+                f"replicas={self.replicas} needs journal='postgres': a SQLite journal has one writer"
+                " (its file on one PVC); set journal='postgres' and postgres.url"
+            )
+        if self.journal == "postgres":
+            if self.postgres is None:
+                raise ValueError("journal='postgres' needs postgres=RunnerPostgresArgs(url=...)")
+            self.postgres.validate()
         if not self.webhook_path.startswith("/"):
             raise ValueError(f"webhook_path must start with '/', got {self.webhook_path!r}")
         if self.token_bytes < 16:
@@ -121,7 +162,7 @@ class _RunnerFiles:
 
     token_secret: pulumi.Input[str]
     config_map: pulumi.Input[str]
-    journal_claim: pulumi.Input[str]
+    journal_claim: pulumi.Input[str] | None  # None: the journal is PostgreSQL
     config_hash: str
     slurm: tuple[pulumi.Input[str], pulumi.Input[str]] | None  # (config map, munge key secret)
 
@@ -145,9 +186,13 @@ class RemediationRunner(pulumi.ComponentResource):
         self.service_account_name = self._identity()
         token = self._token()
         config_map, config_hash = self._config()
-        journal = self._journal(skip)
+        journal = self._journal(skip) if args.journal == "sqlite" else None
+        if args.journal == "postgres":
+            self._leader_election()
         files = _RunnerFiles(token, config_map, journal, config_hash, self._slurm())
         self._workload(files, skip)
+        if args.replicas > 1:
+            self._disruption_budget()
         self.webhook_url = self._service(skip)
         self.register_outputs(
             {
@@ -198,6 +243,37 @@ class RemediationRunner(pulumi.ComponentResource):
             opts=child(self),
         )
         return sa.metadata.name
+
+    def _leader_election(self) -> None:
+        """The Lease's Role, in the runner's namespace (where the Lease lives)."""
+        role = k8s.rbac.v1.Role(
+            f"{self._name}-lease-role",
+            metadata=self._meta(f"{RUNNER_NAME}-leader-election"),
+            rules=_policy_rules(RUNNER_LEASE_RULES),
+            opts=child(self),
+        )
+        k8s.rbac.v1.RoleBinding(
+            f"{self._name}-lease-binding",
+            metadata=self._meta(f"{RUNNER_NAME}-leader-election"),
+            role_ref=_role_ref("Role", role.metadata.name),
+            subjects=[
+                k8s.rbac.v1.SubjectArgs(
+                    kind="ServiceAccount", name=self.service_account_name, namespace=self._args.namespace
+                )
+            ],
+            opts=child(self),
+        )
+
+    def _disruption_budget(self) -> None:
+        """A drain of the runner's node (a node it may be healing) never takes the last replica."""
+        k8s.policy.v1.PodDisruptionBudget(
+            f"{self._name}-pdb",
+            metadata=self._meta(RUNNER_NAME),
+            spec=k8s.policy.v1.PodDisruptionBudgetSpecArgs(
+                min_available=1, selector=kube.selector(self.labels)
+            ),
+            opts=child(self),
+        )
 
     def _token(self) -> pulumi.Output[str]:
         """The webhook's bearer token, generated into a Secret the runner and Alertmanager share."""
@@ -262,7 +338,10 @@ class RemediationRunner(pulumi.ComponentResource):
         volumes = [
             kube.secret_volume("token", files.token_secret),
             kube.config_map_volume("config", files.config_map),
-            kube.pvc_volume("journal", files.journal_claim),
+            # with PostgreSQL the pod keeps only its play folders and node locks: its own emptyDir
+            kube.pvc_volume("journal", files.journal_claim)
+            if files.journal_claim is not None
+            else kube.empty_dir("journal"),
             kube.empty_dir("scratch"),
         ]
         if files.slurm is not None:
@@ -276,13 +355,14 @@ class RemediationRunner(pulumi.ComponentResource):
             volumes=volumes,
             tolerations=[t.toleration() for t in a.tolerate] or None,
             node_selector=dict(a.node_selector) or None,
+            affinity=_spread(self.labels) if a.replicas > 1 else None,
         )
         return k8s.apps.v1.Deployment(
             f"{self._name}-deployment",
             metadata=self._meta(RUNNER_NAME, {lb.STATE_DIR_ANNOTATION: JOURNAL_DIR, **skip}),
             spec=k8s.apps.v1.DeploymentSpecArgs(
-                replicas=1,  # one writer of the SQLite journal and of the per-node locks
-                strategy=k8s.apps.v1.DeploymentStrategyArgs(type="Recreate"),
+                replicas=a.replicas,
+                strategy=_strategy(a),
                 selector=kube.selector(self.labels),
                 template=kube.template(self.labels, pod, {lb.CONFIG_HASH_ANNOTATION: files.config_hash}),
             ),
@@ -307,6 +387,34 @@ class RemediationRunner(pulumi.ComponentResource):
         )
 
 
+def _strategy(a: RemediationRunnerArgs) -> k8s.apps.v1.DeploymentStrategyArgs:
+    """SQLite: Recreate (one writer of the file, never two pods on the claim). PostgreSQL: a
+    rolling update that adds the new pod before it removes an old one; the Lease moves over."""
+    if a.journal == "sqlite":
+        return k8s.apps.v1.DeploymentStrategyArgs(type="Recreate")
+    return k8s.apps.v1.DeploymentStrategyArgs(
+        type="RollingUpdate",
+        rolling_update=k8s.apps.v1.RollingUpdateDeploymentArgs(max_surge=1, max_unavailable=0),
+    )
+
+
+def _spread(labels: Mapping[str, str]) -> k8s.core.v1.AffinityArgs:
+    """Replicas on different nodes where the cluster has them (preferred, so a small cluster still
+    runs them all): one node's failure must not take the leader and its successor."""
+    return k8s.core.v1.AffinityArgs(
+        pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
+            preferred_during_scheduling_ignored_during_execution=[
+                k8s.core.v1.WeightedPodAffinityTermArgs(
+                    weight=100,
+                    pod_affinity_term=k8s.core.v1.PodAffinityTermArgs(
+                        topology_key="kubernetes.io/hostname", label_selector=kube.selector(labels)
+                    ),
+                )
+            ]
+        )
+    )
+
+
 def _role_ref(kind: str, name: pulumi.Input[str]) -> k8s.rbac.v1.RoleRefArgs:
     return k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind=kind, name=name)
 
@@ -317,12 +425,19 @@ def runner_settings(args: RemediationRunnerArgs) -> dict[str, Any]:
     play_vars = dict(args.settings.get("play_vars") or {})
     if args.slurm is not None:
         play_vars.setdefault("autoheal_slurm_conf", f"{SLURM_DIR}/slurm.conf")
+    journal: dict[str, Any] = {"journal_path": f"{JOURNAL_DIR}/journal.sqlite"}
+    if args.journal == "postgres" and args.postgres is not None:
+        journal = {
+            "journal_dsn": args.postgres.url,
+            # namespace and identity come from the pod (POD_NAMESPACE, POD_NAME)
+            "leader_election": {**dict(args.settings.get("leader_election") or {}), "enabled": True},
+        }
     return {
         **args.settings,
         "listen_host": "0.0.0.0",  # noqa: S104 (inside the pod, behind the Service)
         "listen_port": args.port,
         "token_file": f"{TOKEN_DIR}/{TOKEN_KEY}",
-        "journal_path": f"{JOURNAL_DIR}/journal.sqlite",
+        **journal,
         "state_dir": f"{JOURNAL_DIR}/state",
         "rules_file": f"{CONFIG_DIR}/rules.yaml",
         "playbook_dir": PLAYBOOK_DIR,
@@ -345,4 +460,5 @@ def _pod_args(args: RemediationRunnerArgs) -> RunnerPodArgs:
         dry_run=args.dry_run,
         slurm=args.slurm is not None,
         resources=args.resources,
+        postgres_password=args.postgres.password if args.journal == "postgres" and args.postgres else None,
     )

@@ -26,6 +26,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import kube
+from components.common import SecretRef
 
 # the runner image's copy of the project: ansible.cfg, playbooks (with their vars/, specs/,
 # tasks/), roles and the collection, as images/python.py installs them
@@ -72,6 +73,7 @@ class RunnerPodArgs:
     dry_run: bool
     slurm: bool
     resources: RunnerResources = field(default_factory=RunnerResources)
+    postgres_password: SecretRef | None = None  # the PostgreSQL journal's password (PGPASSWORD)
 
 
 def _secure() -> k8s.core.v1.SecurityContextArgs:
@@ -95,7 +97,21 @@ def runner_container(a: RunnerPodArgs) -> k8s.core.v1.ContainerArgs:
         kube.env("ANSIBLE_CONFIG", f"{DATA_ROOT}/ansible.cfg"),
         kube.env("HOME", SCRATCH_DIR),  # ansible-galaxy's and Ansible's per-user files
         kube.env("ANSIBLE_LOCAL_TEMP", f"{SCRATCH_DIR}/ansible-tmp"),
+        # leader election's identity and the Lease's namespace (remediation/leader.py)
+        kube.field_env("POD_NAME", "metadata.name"),
+        kube.field_env("POD_NAMESPACE", "metadata.namespace"),
     ]
+    if a.postgres_password is not None:
+        env.append(
+            k8s.core.v1.EnvVarArgs(
+                name="PGPASSWORD",
+                value_from=k8s.core.v1.EnvVarSourceArgs(
+                    secret_key_ref=k8s.core.v1.SecretKeySelectorArgs(
+                        name=a.postgres_password.name, key=a.postgres_password.key
+                    )
+                ),
+            )
+        )
     if a.slurm:
         mounts += [
             kube.mount("slurm-config", SLURM_DIR, read_only=True),

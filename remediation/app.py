@@ -30,6 +30,7 @@ from remediation.config import RunnerConfig
 from remediation.errors import AuthError, JournalError, PayloadError
 from remediation.incidents import DeliveryResult, Intake
 from remediation.journal import Journal
+from remediation.leader import LeaseElector
 from remediation.metrics import Metrics
 from remediation.models import WebhookPayload
 from remediation.notify import Notifier
@@ -54,6 +55,8 @@ class Runtime:
     notifier: Notifier | None = None
     # readiness of the API server and slurmctld, the cordon sync; from the config by default
     cluster: ClusterSide | None = None
+    # the Lease campaign when leader election is on (the worker acts only while it leads)
+    elector: LeaseElector | None = None
 
 
 class _TooLarge(Exception):
@@ -165,11 +168,15 @@ def create_app(rt: Runtime) -> Starlette:
             rt.notifier.start()
         if rt.worker is not None:
             rt.worker.start()
+        if rt.elector is not None:
+            rt.elector.start()
         cluster.start()
         try:
             yield
         finally:
             cluster.stop()
+            if rt.elector is not None:  # hands the Lease over at once (a rolling update)
+                rt.elector.stop()
             if rt.worker is not None:
                 rt.worker.stop()
             if rt.notifier is not None:

@@ -48,9 +48,11 @@ def _config(path: Path) -> RunnerConfig:
 
 
 def _journal(path: Path) -> Journal:
+    from remediation.runtime import open_journal
+
     cfg = _config(path)
     try:
-        return Journal(cfg.journal_path)
+        return open_journal(cfg)
     except AutohealError as exc:
         raise _fail(str(exc)) from exc
 
@@ -277,12 +279,13 @@ def run(
 ) -> None:
     """Run a play by hand for one node, recorded in the journal like any incident."""
     from remediation.manual import run_by_hand
+    from remediation.runtime import open_journal
 
     cfg = _config(config)
     try:
         inc = run_by_hand(
             cfg,
-            Journal(cfg.journal_path),
+            open_journal(cfg),
             playbook,
             node,
             check=check,
@@ -301,6 +304,20 @@ def run(
         raise typer.Exit(1)
 
 
+def leader(config: ConfigOpt = DEFAULT_CONFIG, as_json: JsonOpt = False) -> None:
+    """Show which replica leads (claimed the journal last), in which term and since when."""
+    from remediation.fencing import LEADER_KEY
+
+    record = _journal(config).setting(LEADER_KEY)
+    if as_json:
+        _print_json(record or {})
+        return
+    if not record:
+        typer.echo("no replica has claimed this journal (leader election off, or none started yet)")
+        return
+    typer.echo(f"leader {record['holder']} (term {record['term']}) since {_ts(record.get('since'))}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the runner's commands to the root `autoheal` app."""
     app.command()(serve)
@@ -311,6 +328,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(breaker_app, name="breaker")
     app.command()(cancel)
     app.command()(run)
+    app.command()(leader)
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
 
 from autoheal.labels import OPT_OUT_LABEL, POOL_LABEL, QUARANTINED, STATE_LABEL
 from autoheal.yamlfile import read_yaml
@@ -55,6 +55,39 @@ class NotifySink(BaseModel):
     retries: int = Field(default=3, ge=0, le=10)
 
 
+class LeaderElection(BaseModel):
+    """Two or more replicas: only the holder of a Kubernetes Lease runs plays (remediation/leader.py).
+
+    Defaults are shorter than client-go's 15/10/2 s: a killed leader is replaced within about
+    `lease_duration_seconds` + `retry_period_seconds`, and healing is what waits meanwhile."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    namespace: str = Field(
+        default="",
+        pattern=r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$",
+        description="the Lease's namespace; default: the pod's ($POD_NAMESPACE), else autoheal",
+    )
+    lease_name: str = Field(default="autoheal-runner", pattern=r"^[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?$")
+    identity: str = Field(
+        default="", max_length=253, description="this replica's name; default: $POD_NAME, else host-pid"
+    )
+    lease_duration_seconds: float = Field(default=8.0, ge=2, le=300)
+    renew_deadline_seconds: float = Field(default=6.0, gt=0)
+    retry_period_seconds: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElection:
+        if not self.retry_period_seconds < self.renew_deadline_seconds < self.lease_duration_seconds:
+            got = (self.retry_period_seconds, self.renew_deadline_seconds, self.lease_duration_seconds)
+            raise ValueError(
+                "leader_election: need retry_period_seconds < renew_deadline_seconds"
+                f" < lease_duration_seconds (got {' / '.join(map(str, got))})"
+            )
+        return self
+
+
 class CordonSyncSettings(BaseModel):
     """The cordon sync (remediation/cordon_sync.py): off unless turned on; needs a cluster."""
 
@@ -76,7 +109,13 @@ class RunnerConfig(BaseModel):
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(default=9095, ge=0, le=65535)
     token_file: Path
-    journal_path: Path
+    journal_path: Path | None = Field(default=None, description="the SQLite journal: one runner's file")
+    journal_dsn: str | None = Field(
+        default=None,
+        max_length=1000,
+        description="a PostgreSQL journal that replicas share: a libpq URL or conninfo, without a"
+        " password (give it as PGPASSWORD or in PGPASSFILE)",
+    )
     rules_file: Path
     playbook_dir: Path
     state_dir: Path = Field(description="ansible-runner private data dirs, node locks")
@@ -133,10 +172,24 @@ class RunnerConfig(BaseModel):
         default=False, description="/readyz also checks the API server and slurmctld (on in a pod)"
     )
     cordon_sync: CordonSyncSettings = CordonSyncSettings()
+    leader_election: LeaderElection = LeaderElection()
     play_vars: dict[str, Any] = Field(
         default_factory=dict,
         description="static extra vars for every play (e.g. autoheal_slurm_conf); rules override",
     )
+
+    @model_validator(mode="after")
+    def _one_journal(self) -> RunnerConfig:
+        if (self.journal_path is None) == (self.journal_dsn is None):
+            raise ValueError(
+                "journal_path: set exactly one of journal_path (a SQLite file) and journal_dsn"
+                " (a PostgreSQL database, for replicas)"
+            )
+        if self.journal_dsn is not None and _dsn_password(self.journal_dsn):
+            raise ValueError(
+                "journal_dsn: carries a password; remove it and give it as PGPASSWORD or in PGPASSFILE"
+            )
+        return self
 
     @field_validator("play_vars")
     @classmethod
@@ -144,6 +197,18 @@ class RunnerConfig(BaseModel):
         from remediation.rules import check_extra_var
 
         return {k: check_extra_var(k, v) for k, v in value.items()}
+
+
+def _dsn_password(dsn: str) -> bool:
+    """Whether a libpq URL or conninfo string spells out a password."""
+    from urllib.parse import urlsplit
+
+    if dsn.startswith(("postgresql://", "postgres://")):
+        try:
+            return urlsplit(dsn).password is not None or "password=" in (urlsplit(dsn).query or "")
+        except ValueError:
+            return False
+    return any(part.strip().startswith("password") for part in dsn.split())
 
 
 _PATH_KEYS = (
@@ -166,6 +231,7 @@ _ENV_PREFIX = "AUTOHEAL_"
 _ENV_KEYS = {
     "TOKEN_FILE": "token_file",
     "JOURNAL_PATH": "journal_path",
+    "JOURNAL_DSN": "journal_dsn",
     "RULES_FILE": "rules_file",
     "PLAYBOOK_DIR": "playbook_dir",
     "STATE_DIR": "state_dir",

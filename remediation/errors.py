@@ -22,7 +22,7 @@ class AuthError(RemediationError):
 
 
 class JournalError(RemediationError):
-    """The SQLite journal could not record or read something."""
+    """The journal (SQLite or PostgreSQL) could not record or read something."""
 
 
 class RulesError(ConfigError):
@@ -47,3 +47,7 @@ class KubeError(RemediationError):
 
 class IllegalTransition(JournalError):
     """An incident state change the state machine does not allow (remediation/states.py)."""
+
+
+class NotLeader(JournalError):
+    """A write of a replica that no longer leads (its fencing token is stale); nothing written."""

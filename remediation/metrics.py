@@ -87,6 +87,15 @@ class Metrics:
             "Worker ticks that failed (journal or API unavailable); retried with growing backoff.",
             registry=r,
         )
+        self.leader = Gauge(
+            "autoheal_leader", "1 while this replica leads (runs plays); 0 while it follows.", registry=r
+        )
+        self.leader_changes = Counter(
+            "autoheal_leader_changes_total",
+            "Times this replica started or stopped leading, by what happened.",
+            ["change"],
+            registry=r,
+        )
         self.illegal_transitions = Counter(
             "autoheal_illegal_transitions_total",
             "Incident state changes refused by the state machine (a bug or a race; never normal).",

@@ -5,21 +5,35 @@ Kept apart from app.py so the CLI, the tests and the benchmark assemble the runn
 
 from __future__ import annotations
 
+import os
+
 from autoheal.xid import load_catalog
 from remediation.app import Runtime
 from remediation.auth import load_token
 from remediation.committer import GroupCommitter
 from remediation.config import RunnerConfig
+from remediation.errors import RunnerConfigError
 from remediation.executor import Executor
+from remediation.fencing import JournalFence
 from remediation.incidents import Intake
-from remediation.journal import Journal
+from remediation.journal import IllegalHook, Journal
 from remediation.kube import KubeView, make_kube
+from remediation.leader import KubeLeaseAPI, LeaseElector, Term, default_identity
 from remediation.metrics import Metrics
 from remediation.notify import Notifier
 from remediation.policy import Policy
 from remediation.rules import load_rules
 from remediation.warmfence import WarmFence
 from remediation.worker import Worker
+
+
+def open_journal(cfg: RunnerConfig, on_illegal: IllegalHook | None = None) -> Journal:
+    """The configured journal: PostgreSQL (journal_dsn, shared by replicas) or a SQLite file."""
+    if cfg.journal_dsn is not None:
+        return Journal.postgres(cfg.journal_dsn, on_illegal=on_illegal)
+    if cfg.journal_path is None:  # the config's validator makes this unreachable
+        raise RunnerConfigError("journal_path: set journal_path or journal_dsn")
+    return Journal(cfg.journal_path, on_illegal=on_illegal)
 
 
 def make_executor(cfg: RunnerConfig) -> Executor:
@@ -40,18 +54,61 @@ def make_warm_fence(cfg: RunnerConfig) -> WarmFence | None:
     return WarmFence(root, timeout=float(cfg.step_timeout_seconds))
 
 
+def make_elector(cfg: RunnerConfig, worker: Worker, metrics: Metrics) -> LeaseElector:
+    """The Lease campaign of this replica; its changes drive the worker (remediation/leader.py)."""
+    le = cfg.leader_election
+    if cfg.kubeconfig is None:
+        raise RunnerConfigError(
+            "leader_election.enabled needs the cluster: set kubeconfig, or in_cluster: true in a pod"
+        )
+    namespace = le.namespace or os.environ.get("POD_NAMESPACE") or "autoheal"
+
+    def started(term: Term) -> None:
+        metrics.leader.set(1)
+        metrics.leader_changes.labels(change="started").inc()
+        worker.lead(term)
+
+    def stopped() -> None:
+        metrics.leader.set(0)
+        metrics.leader_changes.labels(change="stopped").inc()
+        worker.depose()
+
+    return LeaseElector(
+        KubeLeaseAPI(cfg.kubeconfig, namespace, le.lease_name),
+        le.identity or default_identity(),
+        lease_seconds=le.lease_duration_seconds,
+        renew_deadline_seconds=le.renew_deadline_seconds,
+        retry_seconds=le.retry_period_seconds,
+        on_started=started,
+        on_stopped=stopped,
+    )
+
+
 def build(cfg: RunnerConfig, *, kube: KubeView | None = None, with_worker: bool = True) -> Runtime:
     """Everything `serve` runs; `kube` replaces the configured cluster (tests use FakeKube)."""
     catalog = load_catalog()
     metrics = Metrics()
-    journal = Journal(cfg.journal_path, on_illegal=metrics.count_illegal)
+    journal = open_journal(cfg, on_illegal=metrics.count_illegal)
     rules = load_rules(cfg.rules_file)
     notifier = Notifier(cfg.notify, metrics)
     worker = None
+    elector = None
     if with_worker:
         view = kube if kube is not None else make_kube(cfg.kubeconfig, cfg.pool_cache_seconds)
-        policy = Policy(cfg, journal, view, catalog)
-        worker = Worker(cfg, journal, policy, make_executor(cfg), metrics, notifier, make_warm_fence(cfg))
+        fence = None
+        worker_journal = journal
+        if cfg.leader_election.enabled:
+            # the worker writes through its own handle, guarded by the fencing token: a replica
+            # that no longer leads cannot change an incident (remediation/fencing.py)
+            fence = JournalFence(journal)
+            worker_journal = open_journal(cfg, on_illegal=metrics.count_illegal)
+            worker_journal.guard = fence.check
+        policy = Policy(cfg, worker_journal, view, catalog)
+        worker = Worker(
+            cfg, worker_journal, policy, make_executor(cfg), metrics, notifier, make_warm_fence(cfg), fence
+        )
+        if fence is not None:
+            elector = make_elector(cfg, worker, metrics)
     intake = Intake(journal, rules, catalog, cfg.dedup_window_seconds)
     return Runtime(
         config=cfg,
@@ -64,4 +121,5 @@ def build(cfg: RunnerConfig, *, kube: KubeView | None = None, with_worker: bool 
         budget_limit=cfg.budgets.max_nodes,
         worker=worker,
         notifier=notifier,
+        elector=elector,
     )

@@ -39,7 +39,7 @@ from autoheal import proc
 from remediation.backoff import Backoff
 from remediation.config import RunnerConfig
 from remediation.crashpoints import crash_point
-from remediation.errors import ExecutionError, NodeBusyError, RemediationError
+from remediation.errors import ExecutionError, NodeBusyError, NotLeader, RemediationError
 from remediation.executor import (
     Executor,
     PhaseEvent,
@@ -49,7 +49,9 @@ from remediation.executor import (
     read_events,
     stop_play,
 )
+from remediation.fencing import JournalFence
 from remediation.journal import IncidentRecord, Journal, RunRecord
+from remediation.leader import Term
 from remediation.metrics import Metrics
 from remediation.notify import Notifier, SpareShortage, no_spare_pool
 from remediation.policy import BREAKER_KEY, PAUSE_KEY, Decision, Policy
@@ -106,8 +108,14 @@ class Worker:
         metrics: Metrics,
         notifier: Notifier,
         warm_fence: WarmFence | None = None,
+        fence: JournalFence | None = None,
     ) -> None:
         self.config = config
+        # With leader election (remediation/leader.py) the worker acts only while this replica
+        # leads; `journal` is then a handle guarded by `fence` (remediation/fencing.py).
+        self.fence = fence
+        self._leading = fence is None
+        self._new_term: Term | None = None
         self.warm_fence = warm_fence
         self.journal = journal
         self.policy = policy
@@ -138,7 +146,8 @@ class Worker:
         self._take_runner_lock()
         if self.warm_fence is not None:
             self.warm_fence.start()  # it imports Ansible meanwhile; the first fence waits for it
-        self.recover()
+        if self.fence is None:
+            self.recover()  # else when this replica starts leading (_ensure_leading)
         self._thread = threading.Thread(target=self._loop, name="autoheal-worker", daemon=True)
         self._thread.start()
 
@@ -176,6 +185,40 @@ class Worker:
     def wake(self) -> None:
         self._wake.set()
 
+    # leadership (called from the elector's thread) -------------------------------------------
+    def lead(self, term: Term) -> None:
+        """This replica won the Lease: claim the journal and resume from it (in the worker's loop)."""
+        self._new_term = term
+        self._wake.set()
+
+    def depose(self) -> None:
+        """This replica lost the Lease: write nothing more, and cancel the plays under way (their
+        runs are resumed by the new leader, whose recover() finds them still running)."""
+        self._new_term = None
+        self._leading = False
+        if self.fence is not None:
+            self.fence.release()
+        self._wake.set()
+
+    @property
+    def leading(self) -> bool:
+        return self._leading
+
+    def _ensure_leading(self) -> bool:
+        """True when the worker may act. A new term is taken up once the runs of a former term of
+        this replica have wound down (they were cancelled on depose)."""
+        term = self._new_term
+        if term is None or self.fence is None:
+            return self._leading
+        with self._lock:
+            if self._inflight or self._fencing:
+                return False
+        self.fence.claim(term)
+        self._new_term = None
+        self._leading = True
+        self.recover()
+        return True
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.config.poll_seconds)
@@ -183,6 +226,8 @@ class Worker:
             self._stop.wait(MIN_TICK_SECONDS)
             self._wake.clear()
             try:
+                if not self._ensure_leading():
+                    continue
                 delay = self.tick()
             except Exception as exc:
                 self._tick_failed(exc)
@@ -211,8 +256,15 @@ class Worker:
     def recover(self) -> list[int]:
         """Resume what a dead runner left behind; returns the interrupted run ids."""
         interrupted = []
+        with self._lock:
+            ours = set(self._inflight) | set(self._fencing)
         for run in self.journal.runs(RunStatus.RUNNING):
-            if run.owner_pid == os.getpid() or (run.source == "manual" and self._owner_alive(run)):
+            # A run of this worker still under way is not a leftover. Without leader election the
+            # PID says it too; with it, replicas in pods all run as PID 1, so only the in-flight
+            # maps can tell.
+            if run.id in ours or (self.fence is None and run.owner_pid == os.getpid()):
+                continue
+            if run.source == "manual" and self._owner_alive(run):
                 continue
             for pid in {run.play_pid or 0, *find_plays(run.private_dir)} - {0}:
                 stop_play(pid, since=run.started_at)
@@ -454,6 +506,10 @@ class Worker:
     def _run(self, run_id: int, batch: list[IncidentRecord], kind: RunKind) -> None:
         try:
             self.execute(run_id, batch, kind)
+        except NotLeader as exc:  # deposed meanwhile: the new leader resumes the run
+            log.warning(
+                "run %s (%s) left to the new leader: %s", run_id, ",".join(i.node for i in batch), exc
+            )
         except Exception as exc:
             log.exception("run %s crashed", run_id)
             try:  # never leave incidents "running" in silence: fail them and page
@@ -604,7 +660,10 @@ class Worker:
             )
 
     def _tick_run(self, run_id: int) -> bool:
-        """Ingest new phase reports; True (cancel) when every incident of the run is cancelled."""
+        """Ingest new phase reports; True (cancel) when every incident of the run is cancelled, or
+        when this replica no longer leads."""
+        if not self._leading:
+            return True
         run = self.journal.run(run_id)
         if run is None:
             return True

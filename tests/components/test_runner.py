@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,89 @@ def test_changing_a_playbook_rolls_the_runner():
 def test_runner_rejects_bad_arguments(bad):
     with pytest.raises(ValueError):
         RemediationRunnerArgs(**bad).validate()
+
+
+def _ha_runner(**over):
+    from components.common import SecretRef
+    from components.runner import RunnerPostgresArgs
+
+    pg = RunnerPostgresArgs(
+        url="postgresql://autoheal@journal.db.svc:5432/autoheal?sslmode=verify-full",
+        password=SecretRef(name="journal-db", key="password", namespace="autoheal"),
+    )
+    args = RemediationRunnerArgs(journal="postgres", postgres=pg, replicas=2, **over)
+    return run_program(lambda: RemediationRunner("r", args))
+
+
+def test_with_a_postgres_journal_the_runner_runs_replicas_with_leader_election():
+    """Issue 17: replicas share a PostgreSQL journal, one Lease elects the leader, a PDB keeps one."""
+    from remediation.config import parse_config
+
+    rec = _ha_runner()
+    dep = rec.one("kubernetes:apps/v1:Deployment", "autoheal-runner")
+    assert dep.inputs["spec"]["replicas"] == 2
+    strategy = dep.inputs["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate" and strategy["rollingUpdate"]["maxUnavailable"] == 0
+    spec = pod_spec(dep)
+    anti = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert not rec.of_type("kubernetes:core/v1:PersistentVolumeClaim")  # no single-writer claim
+    assert "emptyDir" in {v["name"]: v for v in spec["volumes"]}["journal"]
+    (container,) = spec["containers"]
+    env = env_of(container)
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "journal-db", "key": "password"}
+    pdb = rec.one("kubernetes:policy/v1:PodDisruptionBudget", "autoheal-runner")
+    assert pdb.inputs["spec"]["minAvailable"] == 1
+    assert pdb.inputs["spec"]["selector"] == dep.inputs["spec"]["selector"]
+    role = rec.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "autoheal-runner-leader-election")
+    assert role.inputs["metadata"]["namespace"] == "autoheal"
+    assert _granted(role) == {
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "update"),
+    }
+    binding = rec.one(
+        "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "autoheal-runner-leader-election"
+    )
+    assert binding.inputs["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "autoheal-runner-leader-election",
+    }
+    cm = rec.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config")
+    cfg = parse_config(yaml.safe_load(cm.inputs["data"]["runner.yaml"]), "runner.yaml", Path("/"), env={})
+    assert cfg.journal_path is None and cfg.journal_dsn is not None and "verify-full" in cfg.journal_dsn
+    assert cfg.leader_election.enabled and cfg.leader_election.identity == ""  # POD_NAME at runtime
+
+
+def test_the_sqlite_runner_has_no_lease_role_and_no_pdb(lab):
+    assert not [
+        r for r in lab.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role") if "leader" in r.k8s_name
+    ]
+    assert not lab.of_type("kubernetes:policy/v1:PodDisruptionBudget")
+
+
+@pytest.mark.parametrize(
+    ("bad", "names"),
+    [
+        ({"replicas": 2}, "journal='postgres'"),
+        ({"journal": "postgres"}, "postgres=RunnerPostgresArgs"),
+        ({"replicas": 0}, "replicas"),
+        ({"journal": "mysql"}, "journal must be"),
+    ],
+)
+def test_replicas_need_a_shared_journal(bad, names):
+    with pytest.raises(ValueError, match=re.escape(names)):
+        RemediationRunnerArgs(**bad).validate()
+
+
+def test_a_postgres_url_with_a_password_is_refused():
+    from components.runner import RunnerPostgresArgs
+
+    args = RemediationRunnerArgs(
+        journal="postgres", postgres=RunnerPostgresArgs(url="postgresql://u:pw@h/db")
+    )
+    with pytest.raises(ValueError, match="must not carry a password"):
+        args.validate()

@@ -32,6 +32,7 @@ def cli(tmp_path, monkeypatch):
         return runner.invoke(app, list(args))
 
     cfg = load_config(path, env={})
+    assert cfg.journal_path is not None
     journal = Journal(cfg.journal_path)
     intake = Intake(journal, load_rules(cfg.rules_file), load_catalog(), 900)
     hostile = alert("gpu-2")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,42 @@ def test_play_vars_are_typed_and_template_free(tmp_path):
         path.write_text(yaml.safe_dump({**base, "play_vars": bad}))
         with pytest.raises(RunnerConfigError, match="play_vars"):
             load_config(path, env={})
+
+
+BASE = {"token_file": "t", "rules_file": "r", "playbook_dir": "p", "state_dir": "s"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({}, "set exactly one of journal_path"),
+        ({"journal_path": "j", "journal_dsn": "postgresql://a@h/db"}, "set exactly one of journal_path"),
+        ({"journal_dsn": "postgresql://a:secret@h/db"}, "journal_dsn: carries a password"),
+        ({"journal_dsn": "host=h dbname=db password=secret"}, "journal_dsn: carries a password"),
+        (
+            {
+                "journal_dsn": "postgresql://a@h/db",
+                "leader_election": {"enabled": True, "retry_period_seconds": 7},
+            },
+            "retry_period_seconds < renew_deadline_seconds",
+        ),
+        ({"journal_path": "j", "leader_election": {"namespace": "Bad_NS"}}, "leader_election.namespace"),
+    ],
+)
+def test_journal_and_leader_election_errors_name_the_key_and_the_fix(tmp_path, extra, says):
+    path = tmp_path / "runner.yaml"
+    path.write_text(yaml.safe_dump({**BASE, **extra}))
+    with pytest.raises(RunnerConfigError, match=re.escape(says)) as err:
+        load_config(path, env={})
+    assert "secret" not in str(err.value)  # a password is never echoed back
+
+
+def test_a_postgres_journal_and_leader_election_load(tmp_path):
+    path = tmp_path / "runner.yaml"
+    le = {"enabled": True, "identity": "r-0"}
+    path.write_text(
+        yaml.safe_dump({**BASE, "journal_dsn": "postgresql://autoheal@db:5432/j", "leader_election": le})
+    )
+    cfg = load_config(path, env={"AUTOHEAL_JOURNAL_DSN": "postgresql://autoheal@db2:5432/j"})
+    assert cfg.journal_path is None and cfg.journal_dsn == "postgresql://autoheal@db2:5432/j"
+    assert cfg.leader_election.enabled and cfg.leader_election.lease_duration_seconds == 8.0

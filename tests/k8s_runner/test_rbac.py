@@ -201,3 +201,62 @@ def test_the_granted_reads_answer(runner_identity: Identity) -> None:
         ):
             r = http.get(path)
             assert r.status_code == 200, f"{path}: {r.status_code} {r.text[:200]}"
+
+
+def _lease_rbac_objects() -> list[dict[str, Any]]:
+    """The Lease's Role and RoleBinding of a RemediationRunner with replicas (built under mocks)."""
+    from components.common import SecretRef
+    from components.runner import RemediationRunner, RemediationRunnerArgs, RunnerPostgresArgs
+    from review.mockstack import run_program
+
+    def program() -> dict[str, Any]:
+        pg = RunnerPostgresArgs(
+            url="postgresql://autoheal@db/autoheal", password=SecretRef("db", "pw", RUNNER_NS)
+        )
+        RemediationRunner(
+            "runner", RemediationRunnerArgs(namespace=RUNNER_NS, journal="postgres", postgres=pg, replicas=2)
+        )
+        return {}
+
+    objects = [dict(r.inputs) for r in run_program(program).resources]
+    lease = [
+        o for o in objects if o.get("kind") in ("Role", "RoleBinding") and "leader" in o["metadata"]["name"]
+    ]
+    assert {o["kind"] for o in lease} == {"Role", "RoleBinding"}, lease
+    return lease
+
+
+def test_leader_election_works_with_the_lease_role_in_its_namespace_only(
+    kube_lab: Lab, runner_identity: Identity
+) -> None:
+    from remediation.leader import KubeLeaseAPI, LeaseElector
+
+    kube_lab.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": _lease_rbac_objects()}),
+    )
+
+    def elector(namespace: str) -> LeaseElector:
+        return LeaseElector(
+            KubeLeaseAPI(runner_identity.kubeconfig, namespace, "autoheal-runner"),
+            "rbac-probe",
+            lease_seconds=8,
+            renew_deadline_seconds=6,
+            retry_seconds=1,
+            on_started=lambda term: None,
+            on_stopped=lambda: None,
+        )
+
+    own = elector(RUNNER_NS)
+    wait_for(lambda: (own.round(), own.is_leader)[1], 15, f"the runner to take the Lease: {own.last_error}")
+    own.round()  # a renewal: update
+    assert own.is_leader and own.last_error == ""
+    # (the lab's audit policy leaves Leases out: node heartbeats): the Lease itself says who holds it
+    lease = json.loads(kube_lab.kubectl("get", "lease", "autoheal-runner", "-n", RUNNER_NS, "-o", "json"))
+    assert lease["spec"]["holderIdentity"] == "rbac-probe"
+    own.stop()
+    other = elector("default")
+    other.round()
+    assert not other.is_leader and "403" in other.last_error, other.last_error

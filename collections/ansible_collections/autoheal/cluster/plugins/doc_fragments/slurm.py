@@ -21,4 +21,13 @@ options:
     description: Seconds allowed per Slurm command (run under C(timeout) when it is on the C(PATH)).
     type: int
     default: 30
+  controller_wait:
+    description:
+      - Seconds to keep retrying a Slurm command whose client could not reach slurmctld at all
+        (C(Unable to contact slurm controller)), so that a controller that restarts or fails over
+        within this time delays the step instead of failing it.
+      - The pause between tries grows from 0.5 s to 4 s. A command that reached the controller is
+        never retried. V(0) fails at once.
+    type: int
+    default: 60
 """

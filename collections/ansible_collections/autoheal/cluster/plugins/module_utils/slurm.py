@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from typing import Any, Dict, Iterable
 
 from ansible_collections.autoheal.cluster.plugins.module_utils.contract import REASON_PREFIX
@@ -40,7 +41,13 @@ SLURM_COMMON_ARGS: dict[str, dict[str, Any]] = dict(
     slurm_conf=dict(type="path"),
     bin_dir=dict(type="path"),
     timeout=dict(type="int", default=30),
+    controller_wait=dict(type="int", default=60),
 )
+# What a Slurm client prints when it could not reach slurmctld at all (its connect failed, after
+# the client's own retries): the command did nothing, so running it again is safe. A timeout
+# after the request was sent is NOT retried: the controller may have applied it.
+UNREACHABLE = "Unable to contact slurm controller"
+RETRY_FIRST_S, RETRY_CAP_S = 0.5, 4.0
 
 Node = Dict[str, Any]  # a normalised node record (see _node_record)
 Job = Dict[str, Any]  # a normalised job record (see parse_squeue)
@@ -60,6 +67,9 @@ class Slurm:
         self.module = module
         self.bin_dir: str | None = module.params.get("bin_dir")
         self.timeout = int(module.params.get("timeout") or 30)
+        # slurmctld restarting or failing over: how long to keep trying before failing the step
+        self.controller_wait = max(0, int(module.params.get("controller_wait") or 0))
+        self.controller_retries = 0  # commands run again because slurmctld could not be reached
         # a hung slurmctld must not hang the play: every command runs under coreutils' timeout
         self.timeout_bin: str | None = module.get_bin_path("timeout")
         self.env: dict[str, str] = {}
@@ -96,9 +106,24 @@ class Slurm:
         argv = [self._bin(argv[0]), *argv[1:]]
         self.commands.append(argv)
         limit = [self.timeout_bin, "--kill-after=5", str(self.timeout)] if self.timeout_bin else []
-        rc, out, err = self.module.run_command(
-            limit + argv, environ_update=self.env, check_rc=False, expand_user_and_vars=False
-        )
+        deadline = time.monotonic() + self.controller_wait
+        pause = RETRY_FIRST_S
+        while True:
+            rc, out, err = self.module.run_command(
+                limit + argv, environ_update=self.env, check_rc=False, expand_user_and_vars=False
+            )
+            # slurmctld down (restarting, failing over): wait and try again, with a growing pause,
+            # until controller_wait has passed; then the step fails as before
+            if rc == 0 or UNREACHABLE not in f"{err}{out}" or time.monotonic() + pause > deadline:
+                break
+            self.controller_retries += 1
+            time.sleep(pause)
+            pause = min(RETRY_CAP_S, pause * 2)
+        if rc != 0 and UNREACHABLE in f"{err}{out}":
+            err = (
+                f"{err.strip()} (tried {self.controller_retries + 1} time(s) over controller_wait"
+                f"={self.controller_wait}s; raise controller_wait to ride out a longer slurmctld restart)"
+            )
         if rc == 124 and limit:
             err = f"timed out after {self.timeout}s (option timeout)"
         if check_rc and rc != 0:

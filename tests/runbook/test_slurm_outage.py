@@ -11,14 +11,20 @@ from typing import Any
 import pytest
 
 from lab import procs, slurm
-from lab.config import load_lab
+from lab.config import LabConfig, load_lab
 from tests.runbook.conftest import LAB_NAME, run_module
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def _restart_later(lab: Any, after: float) -> threading.Thread:
+def _cfg(lab: Any) -> LabConfig:
     cfg = load_lab(LAB_NAME, lab.root)
+    assert cfg is not None, f"the runbook lab is not up under {lab.root}"
+    return cfg
+
+
+def _restart_later(lab: Any, after: float) -> threading.Thread:
+    cfg = _cfg(lab)
 
     def restart() -> None:
         time.sleep(after)
@@ -30,9 +36,11 @@ def _restart_later(lab: Any, after: float) -> threading.Thread:
 
 
 def _ensure_up(lab: Any) -> None:
-    if not procs.read_proc(lab.run_dir, "slurmctld") or "UP" not in lab.slurm("scontrol", "ping", check=False):
-        slurm.start_slurmctld(load_lab(LAB_NAME, lab.root))
-    slurm.wait_nodes_registered(load_lab(LAB_NAME, lab.root), ["gpu-1"])
+    if not procs.read_proc(lab.run_dir, "slurmctld") or "UP" not in lab.slurm(
+        "scontrol", "ping", check=False
+    ):
+        slurm.start_slurmctld(_cfg(lab))
+    slurm.wait_nodes_registered(_cfg(lab), ["gpu-1"])
 
 
 def test_a_slurmctld_restart_during_a_step_delays_the_step_and_it_completes(lab):

@@ -244,55 +244,98 @@ def pool_retire(
 
 
 GpuOpt = Annotated[int | None, typer.Option(help="GPU index; default: every GPU of the node.")]
+NodesOpt = Annotated[
+    str | None,
+    typer.Option(help="Comma-separated nodes, all at once (JSON list of per-node results, exit 0)."),
+]
 
 
-def _ladder_call(name: str, root: Path | None, node: str, what: str, **kw: object) -> None:
-    """Run one of lab.ladder's operations and print its JSON; exit 1 naming the failure."""
+def _item(node: str, res: object, what: str) -> dict[str, object]:
+    """One node's result of a batch, shaped as one item of an Ansible loop of single calls."""
+    if isinstance(res, Exception):
+        return {"item": node, "rc": 1, "stdout": "", "stderr": f"{what} {node}: {res}"}
+    return {"item": node, "rc": 0, "stdout": json.dumps(res), "stderr": ""}
+
+
+def _ladder_call(
+    name: str, root: Path | None, node: str | None, what: str, nodes: str | None = None, **kw: object
+) -> None:
+    """Run one of lab.ladder's operations and print its JSON; exit 1 naming the failure.
+
+    With `nodes` (comma-separated) it runs for all of them at once, in threads, and prints one JSON
+    list shaped like the results of an Ansible loop of single calls ({item, rc, stdout, stderr}
+    per node), exit 0: a storm's batch costs one process, not one per node, and its reboots
+    overlap as a cloud's would (filter autoheal.cluster.batch_results reads it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from autoheal.names import validate_node_name
     from lab import ladder
 
+    if (node is None) == (nodes is None):
+        console.print("[red]give --node NAME or --nodes A,B,...[/red]")
+        raise typer.Exit(2)
     cfg = labmod.require(name, root)
-    node = validate_node_name(node, "--node")
-    try:
-        res = getattr(ladder, what)(cfg, node, **kw)
-    except AutohealError as exc:
-        console.print(f"[red]{what} {node}:[/red] {exc}")
-        raise typer.Exit(1) from exc
-    out.print_json(json.dumps(res))
+    if node is not None:
+        node = validate_node_name(node, "--node")
+        try:
+            res = getattr(ladder, what)(cfg, node, **kw)
+        except AutohealError as exc:
+            console.print(f"[red]{what} {node}:[/red] {exc}")
+            raise typer.Exit(1) from exc
+        out.print_json(json.dumps(res))
+        return
+    batch = [validate_node_name(n, "--nodes") for n in (nodes or "").split(",") if n]
+    if what == "reboot":  # the batch's slurmds stop, start and register together
+        done = ladder.reboot_many(cfg, batch, **kw)  # type: ignore[arg-type]
+        typer.echo(json.dumps([_item(n, done[n], what) for n in batch]))
+        return
+
+    def one(n: str) -> dict[str, object]:
+        try:
+            return _item(n, getattr(ladder, what)(cfg, n, **kw), what)
+        except Exception as exc:  # one node failing (even a bug) must not hide the others
+            return _item(n, exc, what)
+
+    with ThreadPoolExecutor(max(1, min(ladder.BATCH_WORKERS, len(batch)))) as pool:
+        results = list(pool.map(one, batch))
+    typer.echo(json.dumps(results))  # one line for a machine: no pretty-printing of 100 nodes
 
 
 @pool_app.command("health")
 def pool_health(
-    node: Annotated[str, typer.Option(help="The node to check.")],
+    node: Annotated[str | None, typer.Option(help="The node to check.")] = None,
+    nodes: NodesOpt = None,
     peek: Annotated[bool, typer.Option(help="Only read the GPUs (evidence): run no check.")] = False,
     name: NameOpt = "default",
     root: RootOpt = None,
 ) -> None:
     """The lab's DCGM diagnostics for a node (JSON: healthy, failures, GPUs, evidence sources)."""
-    _ladder_call(name, root, node, "health", peek=peek)
+    _ladder_call(name, root, node, "health", nodes, peek=peek)
 
 
 @pool_app.command("reset")
 def pool_reset(
-    node: Annotated[str, typer.Option(help="The node whose GPU to reset.")],
+    node: Annotated[str | None, typer.Option(help="The node whose GPU to reset.")] = None,
+    nodes: NodesOpt = None,
     gpu: GpuOpt = None,
     timeout: Annotated[float, typer.Option(help="Seconds before a reset counts as hung.")] = 60,
     name: NameOpt = "default",
     root: RootOpt = None,
 ) -> None:
     """Reset a GPU of a node (nvidia-smi --gpu-reset on a real node); exit 1 when it fails."""
-    _ladder_call(name, root, node, "reset", gpu=gpu, timeout=timeout)
+    _ladder_call(name, root, node, "reset", nodes, gpu=gpu, timeout=timeout)
 
 
 @pool_app.command("reboot")
 def pool_reboot(
-    node: Annotated[str, typer.Option(help="The node to reboot.")],
+    node: Annotated[str | None, typer.Option(help="The node to reboot.")] = None,
+    nodes: NodesOpt = None,
     timeout: Annotated[float, typer.Option(help="Seconds before a reboot counts as hung.")] = 120,
     name: NameOpt = "default",
     root: RootOpt = None,
 ) -> None:
     """Reboot a node the way the cloud's reboot API would; exit 1 when it fails or hangs."""
-    _ladder_call(name, root, node, "reboot", timeout=timeout)
+    _ladder_call(name, root, node, "reboot", nodes, timeout=timeout)
 
 
 @pool_app.command("faults")

@@ -10,6 +10,7 @@ ladder roles reach these through `autoheal lab pool reset|reboot|health`.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ from lab.config import LabConfig
 
 # A reboot longer than this is a hang: the CLI fails and the play escalates.
 REBOOT_TIMEOUT = 120.0
+BATCH_WORKERS = 16  # calls in flight for a batch (a storm's 100 nodes)
 
 
 def _post(cfg: LabConfig, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -57,6 +59,37 @@ def reboot(cfg: LabConfig, node: str, timeout: float = REBOOT_TIMEOUT) -> dict[s
     left = max(5.0, timeout - (time.monotonic() - t0))
     slurm.wait_nodes_registered(cfg, [node], timeout=left)
     return {"node": node, "rebooted": True, "seconds": round(time.monotonic() - t0, 3)}
+
+
+def reboot_many(cfg: LabConfig, nodes: list[str], timeout: float = REBOOT_TIMEOUT) -> dict[str, Any]:
+    """Reboot a batch at once, as a cloud's API would take the calls: every slurmd stopped, the
+    reboots posted side by side, the slurmds started and waited for together (one Slurm poll for
+    the batch, not one per node). Returns {node: result, or the LabError that failed it}."""
+    t0 = time.monotonic()
+    procs.stop_many(cfg.run_dir, [slurm.slurmd_name(n) for n in nodes])
+    out: dict[str, Any] = {}
+    with ThreadPoolExecutor(max(1, min(BATCH_WORKERS, len(nodes)))) as pool:
+        posted = {n: pool.submit(_post, cfg, "/v1/reboot", {"node": n}, timeout) for n in nodes}
+    for n, fut in posted.items():
+        try:
+            fut.result()
+        except LabError as exc:
+            out[n] = exc  # hung or failed: its slurmd stays down, as the node would
+    back = [n for n in nodes if n not in out]
+    if back:
+        slurm.start_slurmd(cfg, back)
+        try:
+            slurm.wait_nodes_registered(cfg, back, timeout=max(5.0, timeout - (time.monotonic() - t0)))
+        except LabError as exc:
+            states = slurm.node_states(cfg)
+            bad = {"NOT_RESPONDING", "UNKNOWN", "INVAL", "FUTURE"}
+            for n in back:
+                if n not in states or set(states[n]["state"]) & bad:
+                    out[n] = exc
+    seconds = round(time.monotonic() - t0, 3)
+    for n in nodes:
+        out.setdefault(n, {"node": n, "rebooted": True, "seconds": seconds})
+    return out
 
 
 def faults(cfg: LabConfig, node: str, **kw: Any) -> dict[str, Any]:

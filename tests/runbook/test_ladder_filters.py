@@ -37,3 +37,40 @@ def test_command_outcome_splits_ok_failed_and_ignores_skipped():
     out = ladder.command_outcome(results)
     assert out["ok"] == ["gpu-1"]
     assert out["failed"] == {"gpu-2": "reset of gpu-2: GPU 3 is not on the bus", "gpu-4": "Job timed out"}
+
+
+def test_batch_results_reads_one_batch_call_as_a_loop_of_single_calls():
+    nodes = ["gpu-1", "gpu-2", "gpu-3"]
+    out = [
+        {"item": "gpu-2", "rc": 1, "stdout": "", "stderr": "reboot gpu-2: hung"},
+        {"item": "gpu-1", "rc": 0, "stdout": json.dumps({"healthy": True, "failures": []}), "stderr": ""},
+        {"item": "gpu-9", "rc": 0, "stdout": "{}", "stderr": ""},  # not asked for: left out
+    ]
+    items = ladder.batch_results({"rc": 0, "stdout": json.dumps(out)}, nodes)
+    assert [i["item"] for i in items] == nodes  # in the order asked, one per node
+    assert items[0]["rc"] == 0 and ladder.health_result(items[0])["healthy"] is True
+    assert items[1]["stderr"] == "reboot gpu-2: hung"
+    assert items[2]["rc"] == 1 and "no result for this node" in items[2]["stderr"]
+    assert ladder.command_outcome(items) == {
+        "ok": ["gpu-1"],
+        "failed": {"gpu-2": "reboot gpu-2: hung", "gpu-3": "no result for this node in the batch's output"},
+    }
+
+
+def test_batch_results_of_a_batch_that_did_not_run_fails_every_node_naming_why():
+    items = ladder.batch_results({"rc": 2, "stdout": "", "stderr": "lab 'x' is not up"}, ["gpu-1", "gpu-2"])
+    assert [(i["item"], i["rc"], i["stderr"]) for i in items] == [
+        ("gpu-1", 1, "lab 'x' is not up"),
+        ("gpu-2", 1, "lab 'x' is not up"),
+    ]
+    assert ladder.health_result(items[0]) == {
+        "healthy": False,
+        "failures": ["health check did not run: lab 'x' is not up"],
+    }
+    garbage = ladder.batch_results({"rc": 0, "stdout": "not json"}, ["gpu-1"])
+    assert garbage[0]["rc"] == 1
+    skipped = ladder.batch_results({"skipped": True}, ["gpu-1"])
+    assert skipped == [{"item": "gpu-1", "skipped": True}] and ladder.command_outcome(skipped) == {
+        "ok": [],
+        "failed": {},
+    }

@@ -49,10 +49,36 @@ def command_outcome(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {"ok": ok, "failed": {str(r["item"]): _why(r) for r in ran if str(r["item"]) not in ok}}
 
 
+def batch_results(res: Mapping[str, Any], nodes: Iterable[str]) -> list[dict[str, Any]]:
+    """One batch call of `autoheal lab pool ... --nodes A,B` as the results of a loop of single
+    calls ({item, rc, stdout, stderr} per node), so health_result and command_outcome read both.
+    A batch that did not run, or a node it did not answer for, is a failed item naming why."""
+    wanted = [str(n) for n in nodes or []]
+    if res.get("skipped"):
+        return [{"item": n, "skipped": True} for n in wanted]
+    items: dict[str, dict[str, Any]] = {}
+    if res.get("rc") == 0:
+        try:
+            data = json.loads(str(res.get("stdout") or ""))
+        except ValueError:
+            data = None
+        for entry in data if isinstance(data, list) else []:
+            if isinstance(entry, dict) and str(entry.get("item")) in wanted:
+                items[str(entry["item"])] = {
+                    "item": str(entry["item"]),
+                    "rc": int(entry.get("rc", 1)),
+                    "stdout": str(entry.get("stdout") or ""),
+                    "stderr": str(entry.get("stderr") or ""),
+                }
+    why = _why(res) if res.get("rc") != 0 else "no result for this node in the batch's output"
+    return [items.get(n) or {"item": n, "rc": 1, "stdout": "", "stderr": why} for n in wanted]
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "health_result": health_result,
             "dcgm_result": dcgm_result,
             "command_outcome": command_outcome,
+            "batch_results": batch_results,
         }

@@ -17,7 +17,11 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -166,3 +170,15 @@ class PostgresServer:
         path.write_text(text)
         if self._owner is not None:
             os.chown(path, self._owner.pw_uid, self._owner.pw_gid)
+
+
+@contextmanager
+def throwaway_server(port: int, prefix: str = "autoheal-pg-") -> Iterator[PostgresServer]:
+    """A started server in a fresh folder under /tmp (not under pytest's tmp_path, which is closed
+    to the `postgres` user the server runs as), stopped and deleted afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        with PostgresServer(folder, port) as server:
+            yield server
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

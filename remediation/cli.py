@@ -48,11 +48,9 @@ def _config(path: Path) -> RunnerConfig:
 
 
 def _journal(path: Path) -> Journal:
-    from remediation.runtime import open_journal
-
     cfg = _config(path)
     try:
-        return open_journal(cfg)
+        return Journal.configured(cfg.journal_path, cfg.journal_dsn)
     except AutohealError as exc:
         raise _fail(str(exc)) from exc
 
@@ -279,13 +277,12 @@ def run(
 ) -> None:
     """Run a play by hand for one node, recorded in the journal like any incident."""
     from remediation.manual import run_by_hand
-    from remediation.runtime import open_journal
 
     cfg = _config(config)
     try:
         inc = run_by_hand(
             cfg,
-            open_journal(cfg),
+            Journal.configured(cfg.journal_path, cfg.journal_dsn),
             playbook,
             node,
             check=check,

@@ -566,6 +566,15 @@ class Journal:
         $PGPASSWORD or $PGPASSFILE (~/.pgpass). Creates the schema if the database has none."""
         return cls(PostgresDatabase(dsn), on_illegal)
 
+    @classmethod
+    def configured(cls, path: Path | None, dsn: str | None, on_illegal: IllegalHook | None = None) -> Journal:
+        """The journal a runner config names: PostgreSQL (journal_dsn) or a SQLite file (journal_path)."""
+        if dsn is not None:
+            return cls.postgres(dsn, on_illegal)
+        if path is None:  # RunnerConfig's validator makes this unreachable
+            raise JournalError("journal_path: set journal_path or journal_dsn")
+        return cls(path, on_illegal)
+
     @property
     def schema_version(self) -> int:
         with self._lock:

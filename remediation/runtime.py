@@ -16,7 +16,7 @@ from remediation.errors import RunnerConfigError
 from remediation.executor import Executor
 from remediation.fencing import JournalFence
 from remediation.incidents import Intake
-from remediation.journal import IllegalHook, Journal
+from remediation.journal import Journal
 from remediation.kube import KubeView, make_kube
 from remediation.leader import KubeLeaseAPI, LeaseElector, Term, default_identity
 from remediation.metrics import Metrics
@@ -25,15 +25,6 @@ from remediation.policy import Policy
 from remediation.rules import load_rules
 from remediation.warmfence import WarmFence
 from remediation.worker import Worker
-
-
-def open_journal(cfg: RunnerConfig, on_illegal: IllegalHook | None = None) -> Journal:
-    """The configured journal: PostgreSQL (journal_dsn, shared by replicas) or a SQLite file."""
-    if cfg.journal_dsn is not None:
-        return Journal.postgres(cfg.journal_dsn, on_illegal=on_illegal)
-    if cfg.journal_path is None:  # the config's validator makes this unreachable
-        raise RunnerConfigError("journal_path: set journal_path or journal_dsn")
-    return Journal(cfg.journal_path, on_illegal=on_illegal)
 
 
 def make_executor(cfg: RunnerConfig) -> Executor:
@@ -88,7 +79,7 @@ def build(cfg: RunnerConfig, *, kube: KubeView | None = None, with_worker: bool 
     """Everything `serve` runs; `kube` replaces the configured cluster (tests use FakeKube)."""
     catalog = load_catalog()
     metrics = Metrics()
-    journal = open_journal(cfg, on_illegal=metrics.count_illegal)
+    journal = Journal.configured(cfg.journal_path, cfg.journal_dsn, metrics.count_illegal)
     rules = load_rules(cfg.rules_file)
     notifier = Notifier(cfg.notify, metrics)
     worker = None
@@ -101,7 +92,7 @@ def build(cfg: RunnerConfig, *, kube: KubeView | None = None, with_worker: bool 
             # the worker writes through its own handle, guarded by the fencing token: a replica
             # that no longer leads cannot change an incident (remediation/fencing.py)
             fence = JournalFence(journal)
-            worker_journal = open_journal(cfg, on_illegal=metrics.count_illegal)
+            worker_journal = Journal.configured(cfg.journal_path, cfg.journal_dsn, metrics.count_illegal)
             worker_journal.guard = fence.check
         policy = Policy(cfg, worker_journal, view, catalog)
         worker = Worker(

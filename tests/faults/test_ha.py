@@ -8,9 +8,7 @@ calls fail (as a network partition would), the others keep the real connection.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -24,7 +22,7 @@ from remhelp import AUTH, alert, effect_lines, free_port, payload, write_config
 
 from autoheal.errors import LabError
 from lab import kube
-from lab.postgres import PostgresServer, server_bin
+from lab.postgres import server_bin, throwaway_server
 from remediation.errors import KubeError
 from remediation.executor import stop_play
 from remediation.fencing import LEADER_KEY
@@ -231,12 +229,8 @@ def pg_dsn() -> Iterator[str]:
         server_bin()
     except LabError as exc:
         pytest.fail(f"PostgreSQL is not installed (scripts/bootstrap.sh installs it): {exc}")
-    folder = Path(tempfile.mkdtemp(prefix="autoheal-ha-pg-"))  # the postgres user must reach it
-    try:
-        with PostgresServer(folder, PORT_BASE + 20) as server:
-            yield server.dsn()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with throwaway_server(PORT_BASE + 20, prefix="autoheal-ha-pg-") as server:
+        yield server.dsn()
 
 
 def _leader(dsn: str) -> dict[str, Any]:

@@ -4,10 +4,8 @@ the journal on each of its engines (SQLite, and PostgreSQL on a private server f
 from __future__ import annotations
 
 import itertools
-import shutil
 import sqlite3
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from remhelp import make_config
 
 from autoheal.errors import LabError
-from lab.postgres import PostgresServer, server_bin
+from lab.postgres import PostgresServer, server_bin, throwaway_server
 from remediation.app import Runtime
 from remediation.config import RunnerConfig
 from remediation.journal import Journal
@@ -76,39 +74,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "ignore:Using `httpx` with `starlette.testclient`:UserWarning")
 
 
-def _pg_folder() -> Path:
-    # not under pytest's tmp_path: that is closed to the `postgres` user the server runs as
-    return Path(tempfile.mkdtemp(prefix="autoheal-pg-"))
+def _throwaway_pg(port: int) -> Iterator[PostgresServer]:
+    try:
+        server_bin()
+    except LabError as exc:
+        pytest.skip(f"POSTGRESQL JOURNAL NOT TESTED: {exc}")
+    with throwaway_server(port) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PostgresServer]:
     """A PostgreSQL server for the whole session (initdb and start: about a second)."""
-    try:
-        server_bin()
-    except LabError as exc:
-        pytest.skip(f"POSTGRESQL JOURNAL NOT TESTED: {exc}")
-    folder = _pg_folder()
-    try:
-        with PostgresServer(folder, PG_PORT) as server:
-            yield server
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    yield from _throwaway_pg(PG_PORT)
 
 
 @pytest.fixture
 def own_pg() -> Iterator[PostgresServer]:
     """A server of the test's own, to stop and restart (the session's serves the other tests)."""
-    try:
-        server_bin()
-    except LabError as exc:
-        pytest.skip(f"POSTGRESQL JOURNAL NOT TESTED: {exc}")
-    folder = _pg_folder()
-    try:
-        with PostgresServer(folder, PG_PORT + 1) as server:
-            yield server
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    yield from _throwaway_pg(PG_PORT + 1)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from remediation.config import RunnerConfig, parse_config
+from remediation.states import IncidentState
 
 HERE = Path(__file__).parent
 PLAYBOOKS = HERE / "playbooks"
@@ -151,3 +152,27 @@ def stop_pid(proc: Any, timeout: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout)
+
+
+def open_incident(
+    tx: Any,
+    node: str = "gpu-1",
+    state: IncidentState = IncidentState.PENDING,
+    extra_vars: dict[str, Any] | None = None,
+) -> str:
+    """An XID 79 incident created straight in the journal (journal-level tests)."""
+    return str(
+        tx.create_incident(
+            node=node,
+            gpu=0,
+            xid=79,
+            fault_class="gpu-fatal",
+            tier="replace",
+            fingerprint="ab",
+            rule="r",
+            playbook="gpu_fatal_xid.yml",
+            extra_vars=extra_vars or {},
+            rule_dry_run=False,
+            state=state,
+        )
+    )

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
-from remhelp import alert, payload, write_config
+from remhelp import alert, open_incident, payload, write_config
 
 from autoheal.xid import load_catalog
 from remediation.config import load_config
@@ -32,18 +32,7 @@ PG_TYPE = {"INTEGER": "bigint", "REAL": "double precision", "TEXT": "text"}
 
 
 def _open(tx, node: str = "gpu-1") -> str:
-    return tx.create_incident(
-        node=node,
-        gpu=0,
-        xid=79,
-        fault_class="gpu-fatal",
-        tier="replace",
-        fingerprint="ab",
-        rule="r",
-        playbook="gpu_fatal_xid.yml",
-        extra_vars={"k": [1, 2]},
-        rule_dry_run=False,
-    )
+    return open_incident(tx, node, extra_vars={"k": [1, 2]})  # a JSON value that must round-trip
 
 
 def _both(fn, *args):

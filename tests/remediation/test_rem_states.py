@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from remhelp import open_incident
 
 from remediation.errors import IllegalTransition, JournalError
 from remediation.executor import NodeLocks
@@ -22,19 +23,7 @@ S = IncidentState
 
 
 def _open(tx, node: str = "gpu-1", state: IncidentState = S.PENDING) -> str:
-    return tx.create_incident(
-        node=node,
-        gpu=0,
-        xid=79,
-        fault_class="gpu-fatal",
-        tier="replace",
-        fingerprint="ab",
-        rule="r",
-        playbook="gpu_fatal_xid.yml",
-        extra_vars={},
-        rule_dry_run=False,
-        state=state,
-    )
+    return open_incident(tx, node, state)
 
 
 def test_the_documented_diagram_is_the_table():

@@ -8,7 +8,7 @@ The algorithm is client-go's `leaderelection` (controller-runtime uses the same)
 
     follower --(lease free, or not renewed for lease_duration by our clock)--> leader
     leader   --(renewed every retry_period)--> leader
-    leader   --(no successful renewal for renew_deadline, or stop())--> deposed (the process ends)
+    leader   --(no successful renewal for renew_deadline, or stop())--> follower (its plays cancelled)
 
 - Expiry is judged by *our* clock, from when we last saw the Lease change (its resourceVersion),
   never from the holder's renewTime: clocks of two machines need not agree.

@@ -604,7 +604,8 @@ def start_control_plane(
     for sub in ("pki", "logs", "pids"):
         (run_dir / sub).mkdir(exist_ok=True)
     api_url = f"https://127.0.0.1:{ports.apiserver}"
-    (run_dir / "cluster.json").write_text(json.dumps({"port_base": port_base, "api_url": api_url}))
+    meta = {"port_base": port_base, "api_url": api_url, "nodes": len(nodes), "advertise": advertise_address}
+    (run_dir / "cluster.json").write_text(json.dumps(meta))
     try:
         generate_pki(run_dir / "pki")
         _write_kubeconfig(run_dir / "kubeconfig", run_dir / "pki", api_url)
@@ -635,6 +636,22 @@ def start_control_plane(
     except BaseException:
         stop_control_plane(run_dir)
         raise
+
+
+def restart_service(handle: KubeHandle, service: str, down_for: float = 0.0, timeout: float = 60.0) -> None:
+    """Stop one service of a running control plane, keep it down `down_for` seconds, start it again
+    with the arguments it was started with and wait until it is healthy (an outage, as a fault
+    test injects it)."""
+    if service not in SERVICES:
+        raise ValueError(f"service {service!r}: one of {', '.join(SERVICES)}")
+    run_dir = handle.run_dir
+    ports = Ports.from_base(handle.port_base)
+    meta = json.loads((run_dir / "cluster.json").read_text())
+    argv = _argv(run_dir, ports, int(meta.get("nodes", 0)), str(meta.get("advertise", "127.0.0.1")))
+    procs.stop(run_dir, service, timeout=_STOP_GRACE_S)
+    time.sleep(down_for)
+    proc = procs.spawn(service, argv[service], run_dir, cwd=run_dir)
+    _wait_healthy(proc, _health_checks(run_dir, ports)[service], time.monotonic() + timeout)
 
 
 def wait_service_account(kubeconfig: Path, namespace: str, name: str, timeout: float = 60.0) -> None:

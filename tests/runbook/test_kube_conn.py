@@ -76,3 +76,70 @@ def test_the_kubernetes_package_is_imported_only_when_needed(tmp_path, user, imp
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(imported)
+
+
+class _Module:
+    """What Kube reads of an AnsibleModule."""
+
+    def __init__(self, kubeconfig: Path, api_wait: float) -> None:
+        self.params = {
+            "kubeconfig": str(kubeconfig),
+            "api_wait": api_wait,
+            "request_timeout": 2,
+            "workers": 1,
+        }
+
+    def fail_json(self, **kw: Any) -> None:
+        raise AssertionError(kw)
+
+
+def _api(answers: list[int]) -> tuple[Any, list[int]]:
+    """A loopback HTTP server answering `answers` in turn (then 200 {}); returns it and the log."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            code = answers[len(seen)] if len(seen) < len(answers) else 200
+            seen.append(code)
+            body = b'{"kind": "Status", "message": "not ready"}' if code != 200 else b"{}"
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def test_an_api_server_not_ready_is_waited_for_and_other_errors_are_not(tmp_path):
+    """503 (an API server starting) is retried with a growing pause within api_wait; 403 at once."""
+    server, seen = _api([503, 503, 403])
+    try:
+        cfg = write(tmp_path, {"token": "t"}, {"server": f"http://127.0.0.1:{server.server_port}"})
+        k = kube.Kube(_Module(cfg, api_wait=10))
+        with pytest.raises(kube.KubeError) as err:
+            k.request("GET", "/api/v1/nodes/gpu-1")
+        assert err.value.status == 403 and seen == [503, 503, 403] and k.api_retries == 2
+        assert k.request("GET", "/api/v1/nodes/gpu-1") == {}
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_api_server_that_never_answers_fails_after_api_wait_naming_it(tmp_path):
+    server, _seen = _api([])
+    port = server.server_port
+    server.shutdown()
+    server.server_close()  # nothing listens there now: connection refused
+    cfg = write(tmp_path, {"token": "t"}, {"server": f"http://127.0.0.1:{port}"})
+    k = kube.Kube(_Module(cfg, api_wait=1.2))
+    with pytest.raises(kube.KubeError, match=r"over api_wait=1.2s; raise api_wait") as err:
+        k.request("GET", "/api/v1/nodes/gpu-1")
+    assert err.value.status == 0 and k.api_retries == 1  # paused 0.5 s; another 1 s would pass the limit

@@ -24,6 +24,15 @@ options:
     description: Seconds per API request.
     type: float
     default: 20
+  api_wait:
+    description:
+      - Seconds to keep retrying, with a growing pause (0.5 s doubling to 4 s), a request the API server
+        did not answer (connection refused or reset, timed out) or answered 502, 503 or 504 - an API
+        server restarting, being upgraded or failing over. Then the task fails, naming this option.
+      - Any other answer (403, 404, 409, 422, a PodDisruptionBudget's 429) is never retried here.
+      - 0 fails at the first unanswered request.
+    type: float
+    default: 60
 requirements:
   - kubernetes (Python), only for kubeconfigs with exec plugins or auth providers
 """

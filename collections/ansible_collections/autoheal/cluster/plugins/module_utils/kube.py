@@ -21,6 +21,7 @@ import os
 import ssl
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterable, TypeVar
 from urllib.parse import quote, urlsplit
@@ -34,7 +35,14 @@ KUBE_COMMON_ARGS: dict[str, dict[str, Any]] = dict(
     context=dict(type="str"),
     workers=dict(type="int", default=16),
     request_timeout=dict(type="float", default=20),
+    api_wait=dict(type="float", default=60),
 )
+# The API server gave no answer (restart, upgrade, a control-plane node failing over) or said it
+# is not ready yet: wait and try again, with a growing pause, for up to api_wait seconds. Every
+# request these modules send may be sent twice: GETs, merge patches that set the same values,
+# evictions (a second one of a pod already gone is a 404, which callers take as done).
+UNAVAILABLE = (0, 502, 503, 504)
+RETRY_FIRST_S, RETRY_CAP_S = 0.5, 4.0
 
 
 class KubeError(Exception):
@@ -201,6 +209,8 @@ class Kube:
         self.module = module
         self.timeout = module.params.get("request_timeout") or 20
         self.workers = max(1, module.params.get("workers") or 16)
+        self.api_wait = max(0.0, float(module.params.get("api_wait") or 0))
+        self.api_retries = 0  # requests sent again because the API server was away
         kubeconfig = module.params.get("kubeconfig")
         if kubeconfig and not os.path.isabs(kubeconfig):
             # the module's working directory is not the engineer's (the plays pass absolute paths)
@@ -267,13 +277,26 @@ class Kube:
         if body is not None:
             data = json.dumps(body).encode("utf-8")
             headers["Content-Type"] = content_type
-        status, raw = self._send(method, target, data, headers)
-        if status >= 400:
+        deadline = time.monotonic() + self.api_wait
+        pause = RETRY_FIRST_S
+        while True:
             try:
-                msg = json.loads(raw).get("message") or raw
-            except ValueError:
-                msg = raw.decode("utf-8", "replace")
-            raise KubeError(status, msg)
+                status, raw = self._send(method, target, data, headers)
+                if status < 400:
+                    break
+                raise KubeError(status, _message(raw))
+            except KubeError as exc:
+                if exc.status not in UNAVAILABLE:
+                    raise
+                if time.monotonic() + pause > deadline:
+                    raise KubeError(
+                        exc.status,
+                        f"{exc.message} (the API server did not answer; tried {self.api_retries + 1} time(s)"
+                        f" over api_wait={self.api_wait:g}s; raise api_wait to ride out a longer outage)",
+                    ) from exc
+                self.api_retries += 1
+                time.sleep(pause)
+                pause = min(RETRY_CAP_S, pause * 2)
         out: Obj = json.loads(raw) if raw else {}
         return out
 
@@ -315,6 +338,14 @@ class Kube:
             return {}
         with ThreadPoolExecutor(max_workers=min(self.workers, len(items))) as pool:
             return {i: (r, e) for i, r, e in pool.map(safe, items)}
+
+
+def _message(raw: bytes) -> Any:
+    """The API server's error message (a Status object's), else the body as text."""
+    try:
+        return json.loads(raw).get("message") or raw
+    except (ValueError, AttributeError):
+        return raw.decode("utf-8", "replace")
 
 
 def node_ready(node: Obj) -> bool:

@@ -85,6 +85,10 @@ missing_nodes:
   returned: always
   type: list
   elements: str
+api_retries:
+  description: Requests sent again because the API server did not answer (see O(api_wait)).
+  returned: always
+  type: int
 """
 
 import time
@@ -234,6 +238,7 @@ def main() -> None:
     kube = Kube(module)
     deadline = time.time() + module.params["timeout"]
     result = build_result(names, kube.map(lambda n: Drain(module, kube, n, deadline).run(), names))
+    result["api_retries"] = kube.api_retries
     if result["errors"]:
         module.fail_json(msg=f"Kubernetes API errors: {result['errors']}", **result)
     module.exit_json(**result)

@@ -1,6 +1,7 @@
 """Dependency outages (issue 17, Deliver 3) the runner itself meets: its journal's disk full, the
-notification sink down. The runner answers what it could not record with a 5xx (Alertmanager
-retries), never crashes, backs off instead of spinning, and carries on when the dependency is back.
+notification sink down, Alertmanager killed and back. The runner answers what it could not record
+with a 5xx (Alertmanager retries), never crashes, backs off instead of spinning, carries on when the
+dependency is back, and runs nothing twice when a restarted Alertmanager delivers again.
 """
 
 from __future__ import annotations
@@ -8,12 +9,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-from remhelp import AUTH, alert, free_port, payload, write_config
+from remhelp import AM_BIN, AUTH, Alertmanager, alert, effect_lines, free_port, payload, write_config
 
 from remediation.backoff import Backoff
 from remediation.journal import Journal
@@ -133,3 +136,63 @@ def test_sink_down_never_blocks_a_run_and_pages_again_once_back(tmp_path):
         sink.stop()
         if journal is not None:
             journal.close()
+
+
+@pytest.mark.skipif(not os.path.exists(AM_BIN), reason="prometheus-alertmanager not installed")
+def test_alertmanager_killed_and_back_the_runner_loses_nothing_and_runs_nothing_twice(tmp_path):
+    """Alertmanager is killed (-9) while an incident's play runs; the sources' posts fail meanwhile
+    (the watcher and Prometheus send again); back, it has forgotten what it sent and delivers the
+    first alert again beside the new one. The play already under way never needed Alertmanager;
+    the re-delivery joins its closed incident; the new fault gets its own incident; every step of
+    each ran once."""
+    port = free_port()
+    effects = tmp_path / "effects.log"
+    env = {
+        "AUTOHEAL_STUB_PHASES": RUNBOOK_PHASES,
+        "AUTOHEAL_STUB_EFFECTS": str(effects),
+        "AUTOHEAL_STUB_SLEEP_PHASE": "spare_promoted",
+        "AUTOHEAL_STUB_SLEEP": "3",
+    }
+    runner = RunnerProcess(tmp_path, write_config(tmp_path, listen_port=port), port, env)
+    am = Alertmanager(tmp_path / "am", f"{runner.url}/webhook", tmp_path / "token")
+    starts = (datetime.now(UTC) - timedelta(seconds=5)).isoformat()
+    labels = {"alertname": "GpuXidFatal", "xid": "79", "gpu": "3", "severity": "critical"}
+    journal = None
+    try:
+        runner.start()
+        am.start()
+        journal = Journal(tmp_path / "journal.sqlite")
+        jr = journal
+        am.post({**labels, "Hostname": "gpu-1"}, starts)
+        [first] = wait_for(lambda: jr.incidents(), 30, "the first incident")
+        wait_for(lambda: "jobs_signalled gpu-1" in effect_lines(effects), 60, "the play to be under way")
+        am.kill()
+        with pytest.raises(httpx.ConnectError):  # what the source sees; it sends again later
+            am.post({**labels, "Hostname": "gpu-2"}, starts)
+        _wait_closed(journal, first.id)  # the run never needed Alertmanager
+        assert journal.require_incident(first.id).state is IncidentState.COMPLETED
+
+        am.start()
+        am.post({**labels, "Hostname": "gpu-1"}, starts)  # still firing: the source re-sends it
+        am.post({**labels, "Hostname": "gpu-2"}, starts)
+        wait_for(lambda: len(jr.incidents()) == 2, 30, "the second incident")
+        [second] = [i for i in journal.incidents() if i.id != first.id]
+        _wait_closed(journal, second.id)
+        assert journal.require_incident(second.id).state is IncidentState.COMPLETED
+        wait_for(lambda: len(jr.alerts(first.id)) >= 2, 30, "the first alert's re-delivery")
+        metrics = httpx.get(f"{runner.url}/metrics", timeout=5).text
+    finally:
+        am.stop()
+        runner.stop_all()
+
+    assert second.node == "gpu-2"
+    # the re-delivery joined the closed incident: no second run for gpu-1
+    assert [a["outcome"] for a in journal.alerts(first.id)][1:] == ["joined"] * (
+        len(journal.alerts(first.id)) - 1
+    )
+    counts = Counter(effect_lines(effects))
+    for node in ("gpu-1", "gpu-2"):
+        assert [counts[f"{ph} {node}"] for ph in RUNBOOK_PHASES.split(",")] == [1] * 7, counts
+    codes = dict(re.findall(r'^autoheal_webhook_requests_total\{code="(\d+)"\} ([0-9.]+)$', metrics, re.M))
+    assert set(codes) == {"200"} and float(codes["200"]) >= 3, codes  # Alertmanager never saw an error
+    journal.close()

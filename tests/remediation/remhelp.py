@@ -176,3 +176,92 @@ def open_incident(
             state=state,
         )
     )
+
+
+AM_BIN = "/usr/bin/prometheus-alertmanager"  # Debian's package
+
+
+class Alertmanager:
+    """Debian's Alertmanager as a child process, one route to the runner's webhook (bearer token
+    from a credentials file, resolved notifications on). kill() and start() again make an outage:
+    the storage folder (its notification log and silences) is kept, the alerts in memory are not,
+    as with a real crash."""
+
+    def __init__(self, folder: Path, webhook_url: str, token_file: Path) -> None:
+        self.folder, self.port = folder, free_port()
+        self.proc: Any = None
+        self.starts = 0
+        folder.mkdir(parents=True, exist_ok=True)
+        route = {
+            "receiver": "autoheal",
+            "group_by": ["Hostname", "alertname"],
+            "group_wait": "0s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        }
+        hook = {
+            "url": webhook_url,
+            "send_resolved": True,
+            "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(token_file)}},
+        }
+        config = {"route": route, "receivers": [{"name": "autoheal", "webhook_configs": [hook]}]}
+        (folder / "alertmanager.yml").write_text(yaml.safe_dump(config))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        import subprocess
+
+        import httpx
+
+        from tests.support import wait_for
+
+        log = (self.folder / f"alertmanager-{self.starts}.log").open("wb")
+        self.starts += 1
+        self.proc = subprocess.Popen(
+            [
+                AM_BIN,
+                f"--config.file={self.folder / 'alertmanager.yml'}",
+                f"--storage.path={self.folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+        def ready() -> bool:
+            assert self.proc.poll() is None, (self.folder / f"alertmanager-{self.starts - 1}.log").read_text()
+            try:
+                return httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, 30, "alertmanager to be ready")
+
+    def kill(self) -> None:
+        """SIGKILL, as a node failure or the OOM killer would (no snapshot of its state)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc)
+
+    def post(self, labels: dict[str, str], starts: str, ends: str | None = None) -> None:
+        """What Prometheus or the XID watcher send: one alert, raising if Alertmanager is away."""
+        import httpx
+
+        body: dict[str, Any] = {
+            "labels": labels,
+            "annotations": {"summary": "XID"},
+            "startsAt": starts,
+            "generatorURL": "http://prometheus/graph",
+        }
+        if ends is not None:
+            body["endsAt"] = ends
+        r = httpx.post(f"{self.url}/api/v2/alerts", json=[body], timeout=5)
+        r.raise_for_status()

@@ -4,21 +4,17 @@ credentials file; duplicates and the resolution of one fault make one incident."
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 
-import httpx
 import pytest
 import uvicorn
-import yaml
-from remhelp import free_port, stop_pid
+from remhelp import AM_BIN, Alertmanager, free_port
 
 from remediation.app import create_app
 from tests.support import wait_for
 
-AM_BIN = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(not shutil.which(AM_BIN), reason="prometheus-alertmanager not installed"),
@@ -44,72 +40,16 @@ def runner(runtime_factory):
 @pytest.fixture
 def alertmanager(tmp_path, runner):
     rt, runner_port = runner
-    port = free_port()
-    config = {
-        "route": {
-            "receiver": "autoheal",
-            "group_by": ["Hostname", "alertname"],
-            "group_wait": "0s",
-            "group_interval": "1s",
-            "repeat_interval": "1h",
-        },
-        "receivers": [
-            {
-                "name": "autoheal",
-                "webhook_configs": [
-                    {
-                        "url": f"http://127.0.0.1:{runner_port}/webhook",
-                        "send_resolved": True,
-                        "http_config": {
-                            "authorization": {"type": "Bearer", "credentials_file": str(rt.config.token_file)}
-                        },
-                    }
-                ],
-            }
-        ],
-    }
-    cfg = tmp_path / "alertmanager.yml"
-    cfg.write_text(yaml.safe_dump(config))
-    log = (tmp_path / "alertmanager.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            AM_BIN,
-            f"--config.file={cfg}",
-            f"--storage.path={tmp_path / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    am = Alertmanager(tmp_path / "am", f"http://127.0.0.1:{runner_port}/webhook", rt.config.token_file)
     try:
-
-        def ready() -> bool:
-            assert proc.poll() is None, (tmp_path / "alertmanager.log").read_text()
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/-/ready", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, 30, "alertmanager to be ready")
-        yield f"http://127.0.0.1:{port}"
+        am.start()
+        yield am
     finally:
-        stop_pid(proc)
+        am.stop()
 
 
-def _post(am: str, labels: dict[str, str], starts: datetime, ends: datetime | None = None) -> None:
-    body = [
-        {
-            "labels": labels,
-            "annotations": {"summary": "XID"},
-            "startsAt": starts.isoformat(),
-            "generatorURL": "http://prometheus/graph",
-        }
-    ]
-    if ends is not None:
-        body[0]["endsAt"] = ends.isoformat()
-    r = httpx.post(f"{am}/api/v2/alerts", json=body, timeout=5)
-    assert r.status_code == 200, r.text
+def _post(am: Alertmanager, labels: dict[str, str], starts: datetime, ends: datetime | None = None) -> None:
+    am.post(labels, starts.isoformat(), None if ends is None else ends.isoformat())
 
 
 def test_real_alertmanager_delivers_duplicates_as_one_incident(runner, alertmanager):

@@ -28,5 +28,7 @@ Playbook contract (extra vars the runner passes to playbooks/<name>.yml):
   autoheal_stop_after ("" or "fenced": the worker's fence lane asks the play to fence, report
   `fenced` and end; the rest of the runbook follows in a run of its own), autoheal_fault_time
   (float: when the batch's first incident opened; restart_app requeues only jobs started by then),
-  autoheal_version (the release that acts; the audit role labels its Events with it).
+  autoheal_version (the release that acts; the audit role labels its Events with it),
+  autoheal_signal_ledger (path, one per run: the jobs the warm fence or the play's fence step
+  signalled, so neither signals a job twice and a job already gone is still requeued).
 """

@@ -42,6 +42,7 @@ PLAYBOOK_RE = re.compile(r"^[a-z0-9_][a-z0-9_-]{0,63}\.ya?ml$")
 EVENT_STATUSES = frozenset({"start", "ok", "failed"})
 PLAY_TIERS = frozenset({"restart_app", "reset", "reboot", "replace", "quarantine"})  # the ladder's rungs
 STOP_AFTER = frozenset({"", "fenced"})
+SIGNAL_LEDGER = "signalled.json"  # beside the run's journal events (the fence module's signal_ledger)
 _STEP_END = {
     "runner_on_ok": "ok",
     "runner_on_failed": "failed",
@@ -103,6 +104,8 @@ class PlayVars:
                 "autoheal_dry_run": bool(self.dry_run),
                 "autoheal_grace_seconds": int(self.extra.get("autoheal_grace_seconds", self.grace_seconds)),
                 "autoheal_journal_events": str(self.journal_events),
+                # one per run, shared by the warm fence and the play's fence step: jobs signalled once
+                "autoheal_signal_ledger": str(self.journal_events.with_name(SIGNAL_LEDGER)),
                 "autoheal_done_phases": done,
                 "autoheal_stop_after": self.stop_after,
                 "autoheal_fault_time": float(self.fault_time),

@@ -36,6 +36,7 @@ CONTRACT_VARS = frozenset(
         "autoheal_opt_out",
         "autoheal_dry_run",
         "autoheal_journal_events",
+        "autoheal_signal_ledger",
         "autoheal_done_phases",
         "autoheal_stop_after",
     }

@@ -11,10 +11,13 @@ warm fence is a child process that imports Ansible and the collection once. Per 
 3. runs the autoheal.cluster.fence module in a forked grandchild (a module exits the process);
 4. appends the `fenced` phase events to the run's events file, as the play's journal step does.
 
-It always renders as a fence-only run (`autoheal_stop_after=fenced`): no job is signalled here, the
-play's own fence step signals them, then finds the nodes fenced and changes nothing else. A check
-mode run never comes here. Anything that goes wrong is reported, never raised into the worker: the
-play fences anyway, only later.
+It renders the run's own inputs, so it also sends SIGTERM to the jobs of a full run (a fence-only
+run signals none): the jobs start their checkpoint at the fence, ~2 s before the play's fence step
+would have. Both record what they signalled in the run's signal ledger (`autoheal_signal_ledger`,
+the fence module's `signal_ledger`): the play's step then signals no job twice and still hands
+every signalled job, even one that has already left, to the requeue. A check mode run never comes
+here. Anything that goes wrong is reported, never raised into the worker: the play fences (and
+signals) anyway, only later.
 """
 
 from __future__ import annotations
@@ -174,7 +177,7 @@ class _Renderer:
         from ansible.template import Templar
         from ansible_collections.autoheal.cluster.plugins.plugin_utils.runbook_inputs import derive
 
-        given = {k: v for k, v in {**extravars, "autoheal_stop_after": "fenced"}.items() if k in self.spec}
+        given = {k: v for k, v in extravars.items() if k in self.spec}
         checked = ArgumentSpecValidator(self.spec).validate(given, validate_role_argument_spec=True)
         if checked.error_messages:
             raise ValueError("invalid input: " + "; ".join(checked.error_messages))

@@ -69,6 +69,7 @@ def test_play_vars_render_the_contract():
         "autoheal_dry_run": False,
         "autoheal_grace_seconds": 120,
         "autoheal_journal_events": "/tmp/e.jsonl",
+        "autoheal_signal_ledger": "/tmp/signalled.json",  # beside the events: one per run
         "autoheal_done_phases": {"gpu-1": ["fenced"]},
         "autoheal_stop_after": "",
         "autoheal_fault_time": 0.0,

@@ -14,6 +14,7 @@ import pytest
 from remediation.warmfence import WarmFence
 from tests.runbook.conftest import REPO, run_playbook
 from tests.runbook.test_playbooks import fault_vars
+from tests.support import wait_for
 
 FENCE_TASK = "TASK [Fence - Slurm drain, Kubernetes quarantine (cordon, taint, label) and SIGTERM to the jobs, concurrently]"
 
@@ -78,3 +79,45 @@ def test_bad_input_is_refused_and_a_dead_process_is_replaced(
     proc.wait()
     unknown = warm.fence({**fault_vars(lab, "gpu-999", "inc-gone"), "autoheal_journal_events": ""})
     assert unknown.ok, unknown.error  # a new process answered; an unknown node is reported, not fenced
+
+
+def test_the_warm_fence_signals_the_jobs_once_and_the_play_still_requeues_them(
+    lab: Any, tmp_path: Path, warm: WarmFence
+) -> None:
+    """Issue 18: SIGTERM at the warm fence, ~2 s before the play's fence step. The job checkpoints
+    and leaves before the play even starts; the play's step finds it in the run's signal ledger:
+    it neither signals it again nor forgets it, and the job is requeued."""
+    log = tmp_path / "term.log"
+    script = tmp_path / "trap.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"trap 'echo TERM $SLURM_JOB_ID >> {log}; exit 0' TERM\n"
+        "while true; do sleep 0.5 & wait $!; done\n"
+    )
+    script.chmod(0o755)
+    events, ledger = tmp_path / "events.jsonl", tmp_path / "signalled.json"
+    extra = {
+        **fault_vars(lab, "gpu-4", "inc-sig", autoheal_backend="none"),
+        "autoheal_journal_events": str(events),
+        "autoheal_signal_ledger": str(ledger),
+    }
+    a = lab.sbatch("-N1", "-w", "gpu-4", "--requeue", "-o", "/dev/null", str(script))
+    try:
+        wait_for(lambda: lab.jobs()[a]["job_state"] == "RUNNING", 30, "the job to run")
+        res = warm.fence(extra)
+        assert res.ok and res.changed, res.error
+        wait_for(lambda: log.exists() and log.read_text().split() == ["TERM", str(a)], 10, "the trap")
+        assert list(json.loads(ledger.read_text())["signalled"]) == [str(a)]
+        wait_for(lambda: lab.jobs()[a]["job_state"] not in ("RUNNING", "COMPLETING"), 15, "the job to leave")
+
+        play = run_playbook("gpu_fatal_xid", extra, tmp=tmp_path)
+        assert play.rc == 0, play.output[-4000:]
+        assert log.read_text().split() == ["TERM", str(a)], "signalled twice"
+        job = lab.jobs()[a]
+        assert job["restart_cnt"] == 1 and job["job_state"] in ("PENDING", "RUNNING"), job
+        phases = [(e["phase"], e["status"]) for e in map(json.loads, events.read_text().splitlines())]
+        assert ("requeued", "ok") in phases, phases
+    finally:
+        lab.slurm("scancel", str(a), check=False)
+        back = {**lab.base_vars(), "autoheal_nodes": ["gpu-4"], "autoheal_incident_ids": ["inc-sig"]}
+        run_playbook("node_return", back, tmp=tmp_path)

@@ -6,6 +6,9 @@ autoheal.cluster.slurm_jobs (which then only waits for each job to leave and req
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import time
 from typing import Any
 
@@ -77,3 +80,46 @@ def signal(slurm: Slurm, ids: list[int], sig: str, result: dict[str, Any]) -> No
                 errors.append((err or out).strip())
     if errors:
         result["signal_stderr"] = "; ".join(errors)
+
+
+class SignalLedger:
+    """Which jobs a run has signalled, and when: a JSON file beside the run's journal events,
+    read and written under an exclusive lock (flock).
+
+    Why: the warm fence and the play's own fence step are two processes fencing the same run,
+    the first ~2 s before the second. Whichever comes first signals the jobs; the other finds
+    them here and neither signals them again (a second SIGTERM can abort a checkpoint under way)
+    nor loses them (a job that checkpointed in 0.2 s has left before the play looks, and still
+    needs its requeue). Use as a context manager: the lock is held for the whole signalling.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.jobs: dict[int, float] = {}  # job id -> when it was signalled
+        self._fd: int | None = None
+
+    def __enter__(self) -> SignalLedger:
+        if self.path:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            raw = os.pread(self._fd, 1 << 20, 0)
+            try:
+                data = json.loads(raw) if raw.strip() else {}
+            except ValueError:
+                data = {}  # torn by a crash mid-write: signal again rather than lose a requeue
+            self.jobs = {int(k): float(v) for k, v in (data.get("signalled") or {}).items()}
+        return self
+
+    def add(self, ids: list[int], at: float) -> None:
+        for i in ids:
+            self.jobs.setdefault(i, at)
+        if self._fd is not None:
+            raw = json.dumps({"signalled": {str(k): v for k, v in sorted(self.jobs.items())}}).encode()
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, raw, 0)
+            os.fsync(self._fd)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None

@@ -103,6 +103,15 @@ options:
     type: str
     default: TERM
     choices: [TERM, INT, USR1, USR2]
+  signal_ledger:
+    description:
+      - A file recording which jobs this run has signalled, and when (created when missing; its folder
+        must exist). Jobs found in it are not signalled again but reported as signalled, with their
+        time - also those that have left already, so their requeue is not lost.
+      - The runbook passes one per run - the warm fence and the play's own fence step share it, so
+        whichever comes first signals and the other does not signal twice.
+      - Not read nor written in check mode.
+    type: path
 extends_documentation_fragment:
   - autoheal.cluster.attributes
   - autoheal.cluster.attributes.diff
@@ -147,8 +156,9 @@ jobs:
   description:
     - The jobs of O(signal_jobs) - C(nodes) (those signalled - not opted out, labels read),
       C(opt_out) (node to why), C(unchecked) (labels unreadable), C(jobs) (records as
-      M(autoheal.cluster.slurm_jobs) returns them), C(signalled_job_ids), C(signalled_at) (epoch,
-      null when none), C(error) when signalling failed.
+      M(autoheal.cluster.slurm_jobs) returns them), C(signalled_job_ids) (with O(signal_ledger), every
+      job of the ledger), C(already_signalled) (found in O(signal_ledger), not signalled again),
+      C(signalled_at) (epoch of the first signal, null when none), C(error) when signalling failed.
   returned: always
   type: dict
 fenced_at:
@@ -188,7 +198,11 @@ from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import (
     Slurm,
     SlurmError,
 )
-from ansible_collections.autoheal.cluster.plugins.module_utils.slurm_signal import find_jobs, signal
+from ansible_collections.autoheal.cluster.plugins.module_utils.slurm_signal import (
+    SignalLedger,
+    find_jobs,
+    signal,
+)
 from ansible_collections.autoheal.cluster.plugins.module_utils.slurm_state import (
     StateError,
     Want,
@@ -222,6 +236,7 @@ def argument_spec() -> dict[str, Any]:
         signal_jobs=dict(type="list", elements="str", default=[]),
         signal=dict(type="str", default="TERM", choices=["TERM", "INT", "USR1", "USR2"]),
         opt_out_label=dict(type="str", default=OPT_OUT_LABEL),
+        signal_ledger=dict(type="path"),
     )
     spec.update(SLURM_COMMON_ARGS)
     spec.update(KUBE_COMMON_ARGS)
@@ -291,24 +306,37 @@ def opted_out(kube: Kube | None, nodes: list[str], label: str) -> tuple[dict[str
 def signal_jobs(module: Any, slurm: Slurm, kube: Kube | None, nodes: list[str]) -> dict[str, Any]:
     """Signal the jobs on `nodes` that are not opted out (check mode: only list them); never
     raises, so the fence stands whatever happens here."""
-    out: dict[str, Any] = dict(
-        nodes=[], opt_out={}, unchecked=[], jobs=[], signalled_job_ids=[], signalled_at=None
-    )
+    out: dict[str, Any] = dict(nodes=[], opt_out={}, unchecked=[], jobs=[], signalled_at=None)
+    out.update(signalled_job_ids=[], already_signalled=[])
     if not nodes:
         return out
     try:
         out["opt_out"], out["unchecked"] = opted_out(kube, nodes, module.params["opt_out_label"])
         out["nodes"] = [n for n in nodes if n not in out["opt_out"] and n not in out["unchecked"]]
-        out["jobs"] = find_jobs(slurm, set(out["nodes"])) if out["nodes"] else []
-        ids = [j["job_id"] for j in out["jobs"]]
-        if ids and not module.check_mode:
-            signal(slurm, ids, module.params["signal"], out)
-            if out.pop("signal_stderr", None) is None:
-                for j in out["jobs"]:
-                    j["signalled"] = True
-                out["signalled_job_ids"] = ids
-            else:
-                out["error"] = "scancel failed; slurm_jobs signals them"
+        if not out["nodes"]:
+            return out
+        if module.check_mode:
+            out["jobs"] = find_jobs(slurm, set(out["nodes"]))
+            return out
+        # find and signal under the run's ledger lock: the warm fence and the play's fence step
+        # never both signal a job, and a job signalled by the first and gone already is still
+        # reported for its requeue
+        with SignalLedger(module.params["signal_ledger"]) as ledger:
+            out["jobs"] = find_jobs(slurm, set(out["nodes"]))
+            earlier = dict(ledger.jobs)
+            fresh = [j["job_id"] for j in out["jobs"] if j["job_id"] not in earlier]
+            if fresh:
+                signal(slurm, fresh, module.params["signal"], out)
+                if out.pop("signal_stderr", None) is None:
+                    ledger.add(fresh, out["signalled_at"])
+                else:
+                    out["error"] = "scancel failed; slurm_jobs signals them"
+            for j in out["jobs"]:
+                j["signalled"] = j["job_id"] in ledger.jobs
+            out["already_signalled"] = sorted(earlier)
+            out["signalled_job_ids"] = sorted(ledger.jobs)
+            if ledger.jobs:
+                out["signalled_at"] = min(ledger.jobs.values())
     except Exception as exc:  # the fence must stand even if the signal could not be sent
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out

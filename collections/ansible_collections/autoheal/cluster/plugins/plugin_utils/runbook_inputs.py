@@ -27,7 +27,7 @@ from ansible_collections.autoheal.cluster.plugins.module_utils.validate import (
 PREFIX = "autoheal_"
 # path inputs: those that must name an existing file, and those whose folder must exist
 FILE_INPUTS = ("autoheal_slurm_conf", "autoheal_kubeconfig")
-NEW_FILE_INPUTS = ("autoheal_journal_events",)
+NEW_FILE_INPUTS = ("autoheal_journal_events", "autoheal_signal_ledger")
 DIR_INPUTS = ("autoheal_lab_root",)
 NEW_DIR_INPUTS = ("autoheal_evidence_dir",)  # made absolute; the step that writes there creates it
 LAB_ROOT_ENV = "AUTOHEAL_LAB_ROOT"

@@ -36,7 +36,7 @@ def watcher(tmp_path, alertmanager):  # noqa: F811
             "-m",
             "watcher",
             "--node=gpu-5",
-            f"--alertmanager={alertmanager}",
+            f"--alertmanager={alertmanager.url}",
             f"--state={tmp_path / 'state.json'}",
             f"--path={kmsg}",
             f"--gpu-map=file:{csv}",
@@ -80,7 +80,7 @@ def test_watcher_and_metric_rule_make_one_incident_with_the_drivers_facts(runner
             "startsAt": datetime.now(UTC).isoformat(),
         }
     ]
-    assert httpx.post(f"{alertmanager}/api/v2/alerts", json=body, timeout=5).status_code == 200
+    assert httpx.post(f"{alertmanager.url}/api/v2/alerts", json=body, timeout=5).status_code == 200
     wait_for(lambda: len(rt.journal.alerts()) >= 2, 20, "the dcgm alert at the runner")
     [inc] = rt.journal.incidents()
     # the decoded recovery action (node reboot) decides the rung, not 154's number alone

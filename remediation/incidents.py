@@ -11,7 +11,8 @@ are one incident: they share the node and the fault class.
 Dedup keeps Alertmanager's repeats, its resolved notifications and re-fires from starting the
 runbook twice: an alert joins the open incident of its (node, fault class); a re-delivery of the
 same alert instance (fingerprint + startsAt) joins its incident even after it closed; and any alert
-for the same (node, fault class) within the dedup window after an incident closed joins it too.
+for the same (node, fault class) within the dedup window after an incident closed joins it too,
+unless the fault began after that incident returned the node to service (then it is a new fault).
 """
 
 from __future__ import annotations
@@ -26,13 +27,23 @@ from autoheal.names import validate_node_name
 from autoheal.xid import Tier, XidCatalog
 from autoheal.xid_messages import XidDetail, sanitise
 from remediation.errors import PayloadError
-from remediation.journal import Journal, Tx
+from remediation.journal import IncidentRecord, Journal, Tx
 from remediation.models import Alert, WebhookPayload
 from remediation.rules import Rule, Rules
 
 _SMALL_INT = re.compile(r"^[0-9]{1,3}$")
 _SAFE_KEY = re.compile(r"[^A-Za-z0-9_.:-]")
 _SOURCE = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+
+
+def _new_since_return(tx: Tx, existing: IncidentRecord, facts: Incident) -> bool:
+    """A fault that began after a closed incident's node was returned to service (the ladder
+    reset or rebooted it, validated it and gave it back) is a new fault, not a re-fire: joining
+    it would leave a failed GPU in service for the rest of the dedup window."""
+    if existing.is_open:
+        return False
+    back = tx.returned_at(existing.id)
+    return back is not None and facts.starts_at > back
 
 
 @dataclass(frozen=True)
@@ -210,6 +221,8 @@ class Intake:
             existing = tx.get(existing_id) if existing_id else None
             if existing is None or (existing.node, existing.fault_class) != (facts.node, facts.fault_class):
                 existing = tx.find_joinable(facts.node, facts.fault_class, tx.now - window)
+                if existing is not None and _new_since_return(tx, existing, facts):
+                    existing = None
             resolved = facts.status == "resolved"
             if existing is not None:
                 upgrade = facts.tier.value if Tier(existing.tier).rank < facts.tier.rank else None

@@ -321,6 +321,14 @@ class Tx:
         ).fetchone()
         return None if row is None else str(row[0])
 
+    def returned_at(self, incident_id: str) -> float | None:
+        """When the incident's node was last returned to service by its run (phase `returned`)."""
+        row = self.conn.execute(
+            "SELECT MAX(ts) FROM timeline WHERE incident_id=? AND phase='returned' AND status='ok'",
+            (incident_id,),
+        ).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     # incidents --------------------------------------------------------------------------------
     def find_joinable(self, node: str, fault_class: str, closed_since: float) -> IncidentRecord | None:
         """The open incident for (node, fault class), else one closed at or after `closed_since`."""

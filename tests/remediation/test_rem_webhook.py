@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 from remhelp import AUTH, FIXTURE, TOKEN, alert, payload
@@ -10,6 +11,7 @@ from starlette.testclient import TestClient
 
 from remediation.app import create_app
 from remediation.errors import JournalError
+from remediation.states import IncidentState
 
 
 @pytest.fixture
@@ -220,3 +222,33 @@ def test_health_ready_and_metrics(rt, client):
 
 def test_get_on_webhook_is_not_allowed(client):
     assert client.get("/webhook", headers=AUTH).status_code == 405
+
+
+def test_a_fault_after_the_node_came_back_is_a_new_incident_a_re_fire_before_it_is_not(rt, client):
+    """Within the dedup window a closed incident absorbs re-fires of its fault, but once its run
+    returned the node to service (the ladder rebooted and validated it) a fault that begins
+    later is new: joining it would leave a dead GPU in service."""
+    first = alert("gpu-3", starts_at="2026-11-30T03:46:01Z")
+    [iid] = client.post("/webhook", json=payload(first), headers=AUTH).json()["created"]
+    back = datetime(2026, 11, 30, 3, 50, tzinfo=UTC).timestamp()
+    with rt.journal.transaction() as tx:
+        for state in (IncidentState.ADMITTED, IncidentState.RUNNING, IncidentState.COMPLETED):
+            tx.transition(iid, state, "test")
+        tx.timeline(iid, "returned", "ok", source="play", ts=back)
+
+    # the same fault re-fired (it began before the node came back): still that incident
+    refire = alert("gpu-3", starts_at="2026-11-30T03:49:00Z", fingerprint="f00d")
+    r = client.post("/webhook", json=payload(refire), headers=AUTH).json()
+    assert r["created"] == [] and r["joined"] == [iid]
+    # the GPU fails again after the node came back: a new incident, remediated again
+    again = alert("gpu-3", starts_at="2026-11-30T03:55:00Z", fingerprint="f00e")
+    [new] = client.post("/webhook", json=payload(again), headers=AUTH).json()["created"]
+    assert new != iid and rt.journal.incident(new).state == "pending"
+    # and a node retired (never returned) keeps absorbing its alerts for the window
+    other = alert("gpu-4", starts_at="2026-11-30T03:46:01Z")
+    [iid4] = client.post("/webhook", json=payload(other), headers=AUTH).json()["created"]
+    with rt.journal.transaction() as tx:
+        for state in (IncidentState.ADMITTED, IncidentState.RUNNING, IncidentState.COMPLETED):
+            tx.transition(iid4, state, "test")
+    later = alert("gpu-4", starts_at="2026-11-30T03:55:00Z", fingerprint="f00f")
+    assert client.post("/webhook", json=payload(later), headers=AUTH).json()["joined"] == [iid4]

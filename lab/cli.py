@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from autoheal.cli import JsonOpt
-from autoheal.errors import AutohealError
+from autoheal.errors import AutohealError, ConfigError
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
 
@@ -31,6 +32,14 @@ RootOpt = Annotated[
 
 def _progress(msg: str) -> None:
     console.print(f"[dim]lab[/dim] {msg}")
+
+
+def _lab_config(**kw: object) -> LabConfig:
+    """LabConfig from the options; a combination it refuses is one line naming the field and fix."""
+    try:
+        return LabConfig(**kw)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise ConfigError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from exc
 
 
 lab_app = typer.Typer(
@@ -64,12 +73,24 @@ def lab_up(
         str, typer.Option(help="Prometheus scrape and evaluation interval (production: 15s to 30s).")
     ] = "1s",
     watchers: Annotated[bool, typer.Option(help="One XID watcher per node (labs of up to 64 nodes).")] = True,
+    runner_journal: Annotated[
+        Literal["sqlite", "postgres"],
+        typer.Option(help="The runner's journal: a SQLite file, or a PostgreSQL server the lab runs."),
+    ] = "sqlite",
+    runner_replicas: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=3,
+            help="Runner replicas; more than 1 elect a leader on a Lease (needs --runner-journal postgres).",
+        ),
+    ] = 1,
 ) -> None:
     """Start the lab (idempotent: a running lab is left as it is)."""
     kw: dict[str, object] = {}
     if root is not None:
         kw["root"] = root
-    cfg = LabConfig(
+    cfg = _lab_config(
         name=name,
         port_base=port_base,
         pools=[PoolConfig(size=nodes, spares=spares, headroom=headroom, gpus_per_node=gpus)],
@@ -81,7 +102,9 @@ def lab_up(
         real_nodes=real_nodes,
         interval=interval,
         watchers=watchers,
-        **kw,  # type: ignore[arg-type]
+        runner_journal=runner_journal,
+        runner_replicas=runner_replicas,
+        **kw,
     )
     cfg = labmod.up(cfg, _progress)
     _print_status(labmod.status(cfg), False)

@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,14 +24,18 @@ PORTS = {
     "slurmctld": 0,
     "prometheus": 1,
     "alertmanager": 2,
+    "postgres": 3,  # the runners' shared journal (runner_journal: postgres)
     "simulator": 4,
-    "runner": 5,
+    "runner": 5,  # replica 0 (the only one unless runner_replicas > 1)
     "sink": 6,
     "pool_controller": 7,
+    "runner-1": 8,
+    "runner-2": 9,
     "kube": 20,  # a block of 20 for the control plane
 }
 SLURMD_OFFSET = 100
 MAX_NODES = 2600  # slurmd ports end below 32768 (Linux ephemeral range) for port_base <= 30000
+MAX_RUNNER_REPLICAS = 3
 
 
 class PoolConfig(BaseModel):
@@ -77,6 +82,11 @@ class LabConfig(BaseModel):
     # than KWOK; a real node the pool controller retires is replaced by a real node
     real_nodes: int = Field(default=0, ge=0)
     watchers: bool = True  # one XID watcher per GPU node (lab.watch; small labs only)
+    # the runner's journal: one SQLite file, or a PostgreSQL server the lab runs (lab.postgres)
+    # that several replicas share, as production runs them in HA
+    runner_journal: Literal["sqlite", "postgres"] = "sqlite"
+    # runner replicas; more than one elect a leader on a Lease (needs postgres and kube)
+    runner_replicas: int = Field(default=1, ge=1, le=MAX_RUNNER_REPLICAS)
 
     @model_validator(mode="after")
     def _fits(self) -> LabConfig:
@@ -90,6 +100,16 @@ class LabConfig(BaseModel):
             )
         if self.real_nodes and not self.kube:
             raise ValueError("real_nodes: real nodes need the Kubernetes control plane (kube: true)")
+        if self.runner_replicas > 1 and self.runner_journal != "postgres":
+            raise ValueError(
+                f"runner_replicas: {self.runner_replicas} replicas share one journal, which SQLite cannot"
+                " be; set runner_journal: postgres (--runner-journal postgres) or runner_replicas: 1"
+            )
+        if self.runner_replicas > 1 and not self.kube:
+            raise ValueError(
+                f"runner_replicas: {self.runner_replicas} replicas elect their leader on a Kubernetes"
+                " Lease; set kube: true (drop --no-kube) or runner_replicas: 1"
+            )
         prefixes = [p.prefix for p in self.pools]
         if len(set(prefixes)) != len(prefixes):
             raise ValueError("pools: every pool needs its own prefix")
@@ -109,6 +129,19 @@ class LabConfig(BaseModel):
     @property
     def effective_webhook_url(self) -> str:
         return self.webhook_url or self.url("runner", "/webhook")
+
+    @property
+    def runner_services(self) -> list[str]:
+        """The runner replicas' service names (and PORTS keys): runner, runner-1, runner-2."""
+        return ["runner" if i == 0 else f"runner-{i}" for i in range(self.runner_replicas)]
+
+    @property
+    def webhook_urls(self) -> list[str]:
+        """Where Alertmanager posts: `webhook_url` if given, else every runner replica (replicas
+        share the journal, which deduplicates an alert delivered to each of them)."""
+        if self.webhook_url:
+            return [self.webhook_url]
+        return [self.url(s, "/webhook") for s in self.runner_services]
 
     def slurm_pools(self) -> list[SlurmPool]:
         return [p.slurm() for p in self.pools]

@@ -103,12 +103,9 @@ class Watch:
                 self.seen["alert_fired"] = max(ts, self.t_fault)
 
     def _journal(self) -> None:
-        from remediation.journal import Journal
-
-        path = runner.journal_path(self.cfg)
-        if not path.exists():
+        j = runner.open_journal(self.cfg)  # SQLite or the lab's PostgreSQL
+        if j is None:
             return
-        j = Journal(path)
         try:
             if self.incident is None:
                 for inc in j.incidents():

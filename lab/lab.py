@@ -7,6 +7,7 @@ copy; `down` on nothing is a no-op.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
@@ -125,6 +126,7 @@ def up(cfg: LabConfig, progress: Progress = _quiet) -> LabConfig:
         )
     slurm.check_installed()
     prom.check_installed()
+    _check_runner_setup(cfg)
     if cfg.real_nodes:
         from lab.nodes import cluster
 
@@ -136,7 +138,7 @@ def up(cfg: LabConfig, progress: Progress = _quiet) -> LabConfig:
         cluster.teardown(cfg.run_dir)
     # a lab always starts fresh: no Slurm, pool or simulator state from an earlier run
     shutil.rmtree(cfg.socket_dir, ignore_errors=True)
-    fresh = ("slurm", "pool", "monitoring", "simulator.json", "pids", "pulumi", "runner")
+    fresh = ("slurm", "pool", "monitoring", "simulator.json", "pids", "pulumi", "runner", "postgres")
     for stale in (*fresh, "gpunodes", "watchers"):
         path = cfg.run_dir / stale
         if path.is_dir():
@@ -154,6 +156,21 @@ def up(cfg: LabConfig, progress: Progress = _quiet) -> LabConfig:
         raise
     progress(f"lab {cfg.name!r} up in {time.monotonic() - t0:.1f}s ({cfg.run_dir})")
     return cfg
+
+
+def _check_runner_setup(cfg: LabConfig) -> None:
+    """What the runner's journal and replicas need is there, before anything starts."""
+    if not (cfg.runner and runner_available()):
+        return
+    if cfg.runner_journal == "postgres":
+        from lab.postgres import server_bin
+
+        server_bin()  # names the package when PostgreSQL is not installed
+    if cfg.runner_replicas > 1 and not (cfg.kube and kube_available()):
+        raise LabError(
+            f"runner_replicas: {cfg.runner_replicas} replicas elect their leader on a Kubernetes Lease,"
+            " and the control plane is not built (scripts/build-tools.sh); or use runner_replicas: 1"
+        )
 
 
 def _step(progress: Progress, what: str) -> float:
@@ -197,7 +214,8 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
     _step(progress, "node-pool controller")
     pool.start(cfg)
     if cfg.runner and runner_available():
-        _step(progress, "remediation runner")
+        replicas = f"{cfg.runner_replicas} replicas, " if cfg.runner_replicas > 1 else ""
+        _step(progress, f"remediation runner ({replicas}{cfg.runner_journal} journal)")
         from lab import runner
 
         runner.start(cfg)
@@ -279,12 +297,14 @@ JOB_CANCEL_WAIT_S = 10.0  # how long Slurm gets to end cancelled job steps befor
 
 @dataclass
 class Teardown:
-    """What `down` ended: the lab's services, its Slurm jobs and the processes those jobs ran."""
+    """What `down` ended: the lab's services, its Slurm jobs and the processes those jobs ran, and
+    what the runners' plays left."""
 
     services: list[str] = field(default_factory=list)
     jobs: list[str] = field(default_factory=list)
     job_processes: int = 0  # slurmstepd and job tasks that ended, by the cancel or by the sweep
     killed: int = 0  # of those, how many the sweep had to SIGKILL
+    play_processes: int = 0  # what the runners' plays left running when the runners stopped
 
     def summary(self) -> str:
         text = f"stopped {_count(len(self.services), 'service')}"
@@ -292,6 +312,8 @@ class Teardown:
             text += f", cancelled {_count(len(self.jobs), 'job')}"
             text += f", ended {_count(self.job_processes, 'job process', 'job processes')}"
             text += f" ({self.killed} by SIGKILL)" if self.killed else ""
+        if self.play_processes:
+            text += f", ended {_count(self.play_processes, 'play process', 'play processes')} left by runners"
         return text
 
 
@@ -301,7 +323,9 @@ def _count(n: int, one: str, many: str | None = None) -> str:
 
 def down(cfg: LabConfig) -> Teardown:
     """Stop every process the lab caused: its jobs first (cancelled while slurmctld still runs),
-    then its services by their PID files, then any job process that outlived them.
+    then its services by their PID files, then any job process that outlived them, and any
+    process a runner's play left (lab.runner.play_processes: found by the run dir the runners
+    carry in their environment).
 
     A job step's slurmstepd is detached from slurmd (its parent is init), so stopping slurmd
     leaves it and its tasks running, writing into the run dir; SIGTERM does not end a slurmstepd.
@@ -324,15 +348,25 @@ def down(cfg: LabConfig) -> Teardown:
     leftovers = {*before, *slurm.job_processes(cfg)}
     _, done.killed = procs.terminate(sorted(leftovers))
     done.job_processes = sum(1 for t in leftovers if not kernel.is_same(*t))
+    from lab import runner
+
+    # a task a play was running when its runner stopped (or was killed) is nobody's child now
+    done.play_processes, _ = procs.terminate(runner.play_processes(cfg))
     shutil.rmtree(cfg.socket_dir, ignore_errors=True)  # sockets and slurmd spool only
     return done
 
 
 def _stop_services(cfg: LabConfig) -> list[str]:
-    """Stop the lab's daemons in reverse dependency order: observers first, munge last."""
+    """Stop the lab's daemons in reverse dependency order: observers first, then the runners'
+    journal (postgres), munge last."""
     names = procs.names(cfg.run_dir)
-    first = [n for n in names if n not in ("slurmctld", "munged")]
+    first = [n for n in names if n not in ("postgres", "slurmctld", "munged")]
     stopped = procs.stop_many(cfg.run_dir, first)
+    if "postgres" in names:
+        from lab import runner
+
+        if runner.stop_postgres(cfg):
+            stopped.append("postgres")
     for n in ("slurmctld", "munged"):
         if n in names and procs.stop(cfg.run_dir, n):
             stopped.append(n)
@@ -354,7 +388,12 @@ def status(cfg: LabConfig) -> LabStatus:
         ("pool-controller", lambda: _http(cfg.url("pool_controller", "/healthz"))),
     ]
     if cfg.runner and runner_available():
-        checks.append(("runner", lambda: _http(cfg.url("runner", "/readyz"))))
+        from lab import runner
+
+        if cfg.runner_journal == "postgres":
+            checks.append(("postgres", lambda: runner.postgres_ready(cfg)))
+        for svc in cfg.runner_services:
+            checks.append((svc, functools.partial(_runner_state, cfg, svc)))
     for name, check in checks:
         if name not in live:
             st.services.append(ServiceStatus(name, False, "not running"))
@@ -392,6 +431,16 @@ def status(cfg: LabConfig) -> LabStatus:
         for name, ok in cluster.status(cfg.run_dir).items():
             st.services.append(ServiceStatus(name, ok, "running" if ok else "not running"))
     return st
+
+
+def _runner_state(cfg: LabConfig, service: str) -> str:
+    """`ready`, and for replicas whether this one leads."""
+    from lab import runner
+
+    state = _http(cfg.url(service, "/readyz"))
+    if cfg.runner_replicas > 1:
+        state += {True: ", leader", False: ", follower", None: ""}[runner.leads(cfg, service)]
+    return state
 
 
 def _http(url: str) -> str:

@@ -91,9 +91,24 @@ def spawn(
     _CHILDREN[p.pid] = p
     # 0 when it has already exited: is_alive() is then False, as it should be
     ticks = kernel.start_ticks(p.pid) or 0
-    rec = {"pid": p.pid, "start_ticks": ticks, "argv": list(argv), "log": str(log)}
-    _pid_file(run_dir, name).write_text(json.dumps(rec))
-    return Proc(name, p.pid, ticks, log)
+    return _record(run_dir, Proc(name, p.pid, ticks, log), argv)
+
+
+def adopt(name: str, pid: int, run_dir: Path, log: Path, argv: Sequence[str]) -> Proc:
+    """Give a PID file to a daemon the lab started through a launcher that detaches it (pg_ctl
+    starts postgres in a session of its own and returns), so `stop`, `running` and `down` reach
+    it like any other. Fails if `pid` does not run."""
+    ticks = kernel.start_ticks(pid)
+    if not ticks:
+        raise LabError(f"{name}: process {pid} is not running")
+    pid_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    return _record(run_dir, Proc(name, pid, ticks, log), argv)
+
+
+def _record(run_dir: Path, proc: Proc, argv: Sequence[str]) -> Proc:
+    rec = {"pid": proc.pid, "start_ticks": proc.start_ticks, "argv": list(argv), "log": str(proc.log)}
+    _pid_file(run_dir, proc.name).write_text(json.dumps(rec))
+    return proc
 
 
 def read_proc(run_dir: Path, name: str) -> Proc | None:

@@ -6,7 +6,10 @@ Alertmanager's gossip is turned off (`--cluster.listen-address=`) so labs never 
 
 from __future__ import annotations
 
+import copy
 import shutil
+from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -47,8 +50,21 @@ def write_config(cfg: LabConfig) -> None:
         interval=cfg.interval,
     )
     (d / "prometheus.yml").write_text(yaml.safe_dump(prom, sort_keys=False))
-    am = render_alertmanager_config(cfg.effective_webhook_url, str(token))
+    am = alertmanager_config(cfg, token)
     (d / "alertmanager.yml").write_text(yaml.safe_dump(am, sort_keys=False))
+
+
+def alertmanager_config(cfg: LabConfig, token: Path) -> dict[str, Any]:
+    """The shipped Alertmanager config, its webhook receiver posting to every URL of
+    `cfg.webhook_urls`: one webhook_config per runner replica (each alert reaches every replica;
+    their shared journal deduplicates it), or the one `webhook_url` given."""
+    urls = cfg.webhook_urls
+    am = render_alertmanager_config(urls[0], str(token))
+    for receiver in am["receivers"]:
+        configs = receiver.get("webhook_configs")
+        if configs:
+            receiver["webhook_configs"] = [{**copy.deepcopy(configs[0]), "url": url} for url in urls]
+    return am
 
 
 def start_prometheus(cfg: LabConfig) -> None:

@@ -3,37 +3,176 @@ the lab's Slurm, Kubernetes API, pool controller and the repository's playbooks.
 
 Lab-specific play inputs (slurm.conf path, kubeconfig, which replacement backend) travel as the
 runner's `play_vars`, so the playbooks and the rules file are exactly the shipped ones.
+
+The journal is a SQLite file beside the runner (`runner_journal: sqlite`), or a PostgreSQL server
+the lab runs as its `postgres` service (`runner_journal: postgres`, lab.postgres), which is what
+production's replicas share. With `runner_replicas` > 1 each replica is its own service (runner,
+runner-1, runner-2: own port, config and state dir) and they elect their leader on the Lease
+`default/autoheal-runner` of the lab's control plane: only the leader runs plays, every replica
+takes Alertmanager's webhooks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import httpx
 import yaml
 
+from autoheal import proc as kernel
+from autoheal.errors import LabError
 from autoheal.paths import data_root
 from lab import procs
 from lab.config import LabConfig
 
+if TYPE_CHECKING:
+    from lab.postgres import PostgresServer
+    from remediation.journal import Journal
+
 REPO = data_root()
+POSTGRES = "postgres"  # the service (PID file, log) of the shared journal's server
+DATABASE = "autoheal"
+LEASE_NAMESPACE = "default"  # exists in every cluster: nothing to create
+LEASE_NAME = "autoheal-runner"
+# in the environment of every runner of a lab, so of everything their plays start (see play_processes)
+RUN_DIR_ENV = "AUTOHEAL_LAB_RUN_DIR"
 
 
 def runner_dir(cfg: LabConfig) -> Path:
     return cfg.run_dir / "runner"
 
 
-def config_path(cfg: LabConfig) -> Path:
-    return runner_dir(cfg) / "runner.yaml"
+def replica_dir(cfg: LabConfig, replica: int = 0) -> Path:
+    """Replica 0 lives in runner/ (as the one runner always has), replica i in runner/runner-<i>/."""
+    return runner_dir(cfg) if replica == 0 else runner_dir(cfg) / f"runner-{replica}"
+
+
+def config_path(cfg: LabConfig, replica: int = 0) -> Path:
+    return replica_dir(cfg, replica) / "runner.yaml"
 
 
 def journal_path(cfg: LabConfig) -> Path:
+    """The SQLite journal; a lab whose journal is PostgreSQL has none (see open_journal)."""
+    if cfg.runner_journal != "sqlite":
+        raise LabError(
+            f"lab {cfg.name!r}: the runner's journal is PostgreSQL ({journal_dsn(cfg)}), not a SQLite"
+            " file; open it with lab.runner.open_journal(cfg)"
+        )
     return runner_dir(cfg) / "journal.sqlite"
 
 
-def write_config(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> Path:
-    d = runner_dir(cfg)
+def postgres_dir(cfg: LabConfig) -> Path:
+    return cfg.run_dir / "postgres"
+
+
+def postgres_server(cfg: LabConfig) -> PostgresServer:
+    from lab.postgres import PostgresServer
+
+    return PostgresServer(postgres_dir(cfg), cfg.port("postgres"), DATABASE)
+
+
+def journal_dsn(cfg: LabConfig) -> str:
+    """The shared journal's DSN (no password: the lab's server trusts loopback)."""
+    from lab.postgres import SUPERUSER
+
+    return f"postgresql://{SUPERUSER}@127.0.0.1:{cfg.port('postgres')}/{DATABASE}"
+
+
+def open_journal(cfg: LabConfig) -> Journal | None:
+    """The runners' journal, SQLite or PostgreSQL, or None while it does not exist yet (the
+    caller closes it)."""
+    from remediation.journal import Journal
+
+    if cfg.runner_journal == "postgres":
+        proc = procs.read_proc(cfg.run_dir, POSTGRES)
+        return Journal.postgres(journal_dsn(cfg)) if proc is not None and procs.is_alive(proc) else None
+    path = journal_path(cfg)
+    return Journal(path) if path.exists() else None
+
+
+def start_postgres(cfg: LabConfig) -> str:
+    """Start the shared journal's server as the lab service `postgres` (a no-op when it runs);
+    returns the DSN. pg_ctl detaches the server, so its postmaster is given the lab's PID file
+    and `down` stops it (stop_postgres)."""
+    live = procs.read_proc(cfg.run_dir, POSTGRES)
+    if live is not None and procs.is_alive(live):
+        return journal_dsn(cfg)
+    port = cfg.port("postgres")
+    if not procs.port_free(port):
+        raise LabError(f"postgres: port {port} is in use; choose another --port-base")
+    server = postgres_server(cfg)
+    try:
+        server.start()
+        pid = int((server.data / "postmaster.pid").read_text().split()[0])
+        argv = [str(server.bin / "postgres"), "-D", str(server.data)]
+        procs.adopt(POSTGRES, pid, cfg.run_dir, server.log, argv)
+    except BaseException:
+        server.stop()
+        raise
+    log = procs.log_path(cfg.run_dir, POSTGRES)  # `lab logs postgres` finds the server's log
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
+    log.symlink_to(server.log)
+    return journal_dsn(cfg)
+
+
+def stop_postgres(cfg: LabConfig) -> bool:
+    """Stop the `postgres` service: a fast shutdown by pg_ctl (sessions ended, a checkpoint),
+    then by PID whatever is still there. True if it was running."""
+    proc = procs.read_proc(cfg.run_dir, POSTGRES)
+    if proc is None:
+        return False
+    running = procs.is_alive(proc)
+    if running:
+        with contextlib.suppress(LabError, OSError, subprocess.SubprocessError):
+            postgres_server(cfg).stop()
+    procs.stop(cfg.run_dir, POSTGRES)  # removes the PID file; signals only if pg_ctl could not
+    return running
+
+
+def play_processes(cfg: LabConfig) -> list[tuple[int, int]]:
+    """(PID, start ticks) of every live process that one of this lab's runners started, found by
+    the run dir in its environment. Once the runners are stopped these are leftovers: a runner that
+    exits ends its plays' ansible-playbook, but a task's shell, which ignores SIGHUP, is left to
+    init (and a killed replica's plays are left whole). The caller and its ancestors are spared."""
+    mine = str(cfg.run_dir)
+    spared = {os.getpid(), *kernel.ancestors(os.getpid())}
+    out = []
+    for pid in kernel.pids():
+        if pid not in spared and kernel.environ(pid).get(RUN_DIR_ENV) == mine:
+            ticks = kernel.start_ticks(pid)
+            if ticks:
+                out.append((pid, ticks))
+    return out
+
+
+def postgres_ready(cfg: LabConfig) -> str:
+    """Raises unless the shared journal's database answers a query."""
+    import psycopg
+
+    with psycopg.connect(journal_dsn(cfg), connect_timeout=2) as conn:
+        conn.execute("SELECT 1")
+    return "ready"
+
+
+def leads(cfg: LabConfig, service: str) -> bool | None:
+    """Whether a replica leads (its autoheal_leader gauge), None if it does not say."""
+    text = httpx.get(cfg.url(service, "/metrics"), timeout=2).text
+    for line in text.splitlines():
+        if line.startswith("autoheal_leader "):
+            return float(line.split()[1]) == 1.0
+    return None
+
+
+def write_config(
+    cfg: LabConfig, overrides: dict[str, Any] | None = None, replica: int = 0, dsn: str | None = None
+) -> Path:
+    d = replica_dir(cfg, replica)
     d.mkdir(parents=True, exist_ok=True)
     play_vars: dict[str, Any] = {
         "autoheal_slurm_conf": str(cfg.slurm_conf),
@@ -47,11 +186,16 @@ def write_config(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> Pat
     if cfg.kubeconfig.exists():
         play_vars["autoheal_kubeconfig"] = str(cfg.kubeconfig)
     pool_size = sum(p.size + p.spares for p in cfg.pools)
+    journal: dict[str, str]
+    if cfg.runner_journal == "postgres":
+        journal = {"journal_dsn": dsn or journal_dsn(cfg)}
+    else:
+        journal = {"journal_path": str(journal_path(cfg))}
     conf: dict[str, Any] = {
         "listen_host": "127.0.0.1",
-        "listen_port": cfg.port("runner"),
+        "listen_port": cfg.port(cfg.runner_services[replica]),
         "token_file": str(cfg.run_dir / "runner.token"),
-        "journal_path": str(journal_path(cfg)),
+        **journal,
         "rules_file": str(REPO / "config" / "rules.yaml"),
         "playbook_dir": str(REPO / "playbooks"),
         "state_dir": str(d / "state"),
@@ -62,22 +206,46 @@ def write_config(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> Pat
         "budgets": {"max_nodes": max(1, pool_size // 3), "max_pool_percent": 34},
         "play_vars": play_vars,
     }
+    if cfg.runner_replicas > 1:
+        conf["leader_election"] = {
+            "enabled": True,
+            "identity": f"runner-{replica}",
+            "namespace": LEASE_NAMESPACE,
+            "lease_name": LEASE_NAME,
+        }
     conf.update(overrides or {})
-    path = config_path(cfg)
+    # an override names the journal: it replaces the lab's (exactly one of the two is allowed)
+    for key, other in (("journal_path", "journal_dsn"), ("journal_dsn", "journal_path")):
+        if key in (overrides or {}):
+            conf.pop(other, None)
+    path = config_path(cfg, replica)
     path.write_text(yaml.safe_dump(conf, sort_keys=False))
     return path
 
 
 def start(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> None:
-    path = write_config(cfg, overrides)
+    """Start the journal's server (postgres) if the lab has one, then every runner replica, each
+    waited for until ready; `overrides` go into every replica's config."""
+    if cfg.runner_replicas > 1 and not cfg.kubeconfig.exists():
+        raise LabError(
+            f"runner: {cfg.runner_replicas} replicas elect their leader on a Lease, and the lab has no"
+            " Kubernetes control plane (build it with scripts/build-tools.sh, or runner_replicas: 1)"
+        )
+    dsn = start_postgres(cfg) if cfg.runner_journal == "postgres" else None
     cli = Path(sys.executable).with_name("autoheal")
-    procs.start_service(
-        "runner",
-        [str(cli), "serve", "--config", str(path)],
-        cfg.run_dir,
-        port=cfg.port("runner"),
-        ready=procs.http_ok(cfg.url("runner", "/readyz")),
-        timeout=30,
-        env={"AUTOHEAL_LAB_ROOT": str(cfg.root), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
-        cwd=REPO,
-    )
+    for replica, name in enumerate(cfg.runner_services):
+        path = write_config(cfg, overrides, replica, dsn)
+        procs.start_service(
+            name,
+            [str(cli), "serve", "--config", str(path)],
+            cfg.run_dir,
+            port=cfg.port(name),
+            ready=procs.http_ok(cfg.url(name, "/readyz")),
+            timeout=30,
+            env={
+                "AUTOHEAL_LAB_ROOT": str(cfg.root),
+                "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+                RUN_DIR_ENV: str(cfg.run_dir),
+            },
+            cwd=REPO,
+        )

@@ -264,6 +264,8 @@ def test_reset_rung_returns_a_validated_node_and_check_mode_changes_nothing(lab,
 def test_a_hung_reset_climbs_to_a_reboot_and_a_failed_validation_keeps_the_node_out_and_pages(
     lab, tmp_path, sink
 ):
+    """Run by hand (no incident id: no journal the runner reads carries the node's outcome), a node
+    the ladder could not bring back fails the play: the exit status pages."""
     pause_runner(lab)
     inject(lab, "gpu-4", 2, 48)
     lab_cli(lab, "pool", "faults", "--node", "gpu-4", "--reset", "hang", "--health-failures", "1")
@@ -279,14 +281,17 @@ def test_a_hung_reset_climbs_to_a_reboot_and_a_failed_validation_keeps_the_node_
         autoheal_retire_unrecovered=False,
         autoheal_webhook_url=sink.url,
     )
+    by_hand = {k: v for k, v in extra.items() if k != "autoheal_incident_ids"}
     try:
         fence(lab, tmp_path, extra)
-        res = run_playbook("recover", extra, tmp=tmp_path)
-        assert res.rc != 0, "a node that failed validation must page (the run fails)"
+        res = run_playbook("recover", by_hand, tmp=tmp_path)
+        assert res.rc != 0, "a node that failed validation must page (the run by hand fails)"
+        assert "not returned to service: gpu-4" in res.output, res.output[-3000:]
         got = phases(lab, "gpu-4")
         assert ("gpu_reset", "failed") in got and ("climbed", "ok") in got, got
         assert ("evidence", "ok") in got and ("rebooted", "ok") in got
         assert ("validated", "failed") in got and ("recover_failed", "failed") in got
+        assert (tmp_path / "evidence" / "manual-gpu-4.tar.gz").is_file()
         assert "returned" not in [p for p, _ in got]
         node = lab.node("gpu-4")
         assert node["reason"].startswith("autoheal:") and node["reason"] != SPARE_REASON, node
@@ -297,7 +302,7 @@ def test_a_hung_reset_climbs_to_a_reboot_and_a_failed_validation_keeps_the_node_
         assert "failed" in sink.events()
         # the injected failure was consumed: validated by hand, the node may return
         lab_cli(lab, "pool", "faults", "--node", "gpu-4", "--reset", "ok")
-        again = run_playbook("recover", extra, tmp=tmp_path)
+        again = run_playbook("recover", by_hand, tmp=tmp_path)
         assert again.rc == 0, again.output[-4000:]
         assert ("returned", "ok") in phases(lab, "gpu-4")
     finally:
@@ -321,16 +326,100 @@ def test_an_unknown_xid_is_quarantined_with_evidence_and_pages(lab, tmp_path):
         run_playbook("unfence", {k: v for k, v in extra.items() if k in FENCE_INPUTS}, tmp=tmp_path)
 
 
-def test_a_reboot_that_does_not_fix_the_node_climbs_to_replace(lab, tmp_path):
+def test_a_reboot_that_does_not_fix_the_node_climbs_to_replace(lab, tmp_path, sink):
     """gpu-6 (a spare no other test of the session lab uses) fails its validation after the reboot:
-    it is retired through the backend, which backfills the pool, and a human is told."""
+    it is retired through the backend, which backfills the pool, and a human is told. With its
+    incident in the journal (as the runner runs it) the node's outcome is its recover_failed event:
+    the play ends ok."""
     pause_runner(lab)
     inject(lab, "gpu-6", 0, 79)
     lab_cli(lab, "pool", "faults", "--node", "gpu-6", "--health-failures", "1")
-    extra = ladder_vars(lab, tmp_path, "gpu-6", "inc-000000000791", 79, 0, "reboot")
+    extra = ladder_vars(
+        lab, tmp_path, "gpu-6", "inc-000000000791", 79, 0, "reboot", autoheal_webhook_url=sink.url
+    )
     fence(lab, tmp_path, extra)
     res = run_playbook("recover", extra, tmp=tmp_path)
-    assert res.rc != 0, res.output[-3000:]
+    assert res.rc == 0 and "NOT RECOVERED (1 of 1)" in res.output, res.output[-3000:]
     got = phases(lab, "gpu-6")
     assert ("evidence", "ok") in got and ("validated", "failed") in got and ("retired", "ok") in got, got
+    assert ("recover_failed", "failed") in got
+    detail = next(
+        e["detail"] for e in lab.journal_lines() if e["node"] == "gpu-6" and e["phase"] == "recover_failed"
+    )
+    assert "validation after the reboot failed" in detail and "retired through the backend" in detail, detail
+    assert [(b["event"], b["nodes"]) for b in sink.bodies] == [("failed", ["gpu-6"])]
     assert "gpu-6" in lab.pool_status()["retired"]
+
+
+def test_one_node_of_a_batch_that_fails_validation_fails_alone_and_its_batch_mate_returns(
+    lab, tmp_path, sink
+):
+    """The storm's case (XID 79, reboot rung, a batch): gpu-3 fails its validation after the reboot,
+    gpu-2 passes. gpu-2 returns to service and its incident has no failed event; gpu-3 stays
+    fenced with recover_failed (what failed, kept fenced, its bundle) and the one `failed`
+    notification names it alone; the play ends ok (the runner fails gpu-3's incident only). Both
+    bundles come from one module run. Once gpu-3 is fixed, a rerun returns it."""
+    from remediation.executor import read_events
+
+    pause_runner(lab)
+    incidents = {"gpu-2": "inc-0000000007b2", "gpu-3": "inc-0000000007b3"}
+    for n in incidents:
+        inject(lab, n, 0, 79)
+    lab_cli(lab, "pool", "faults", "--node", "gpu-3", "--health-failures", "1")
+    extra = {
+        **ladder_vars(lab, tmp_path, "gpu-2", incidents["gpu-2"], 79, 0, "reboot"),
+        "autoheal_nodes": list(incidents),
+        "autoheal_incident_ids": list(incidents.values()),
+        "autoheal_retire_unrecovered": False,
+        "autoheal_webhook_url": sink.url,
+    }
+    try:
+        fence(lab, tmp_path, extra)
+        res = run_playbook("recover", extra, tmp=tmp_path)
+        assert res.rc == 0, res.output[-6000:]
+        assert (
+            "NOT RECOVERED (1 of 2)" in res.output
+            and "gpu-3: validation after the reboot failed" in res.output
+        )
+
+        good, bad = phases(lab, "gpu-2", incidents["gpu-2"]), phases(lab, "gpu-3", incidents["gpu-3"])
+        assert ("evidence", "ok") in good and ("validated", "ok") in good and ("returned", "ok") in good, good
+        assert not [p for p, status in good if status == "failed"], good
+        assert ("validated", "failed") in bad and ("recover_failed", "failed") in bad, bad
+        assert "returned" not in [p for p, _ in bad] and "retired" not in [p for p, _ in bad]
+        failed = next(
+            e
+            for e in lab.journal_lines()
+            if e["incident"] == incidents["gpu-3"] and e["phase"] == "recover_failed"
+        )
+        bundle = tmp_path / "evidence" / f"{incidents['gpu-3']}-gpu-3.tar.gz"
+        assert "validation after the reboot failed" in failed["detail"] and "kept fenced" in failed["detail"]
+        assert str(bundle) in failed["detail"] and bundle.is_file()
+        # one evidence task for the batch, each node's bundle journaled
+        evidence = {
+            e["node"]: e["detail"]
+            for e in lab.journal_lines()
+            if e["incident"] in incidents.values() and e["phase"] == "evidence"
+        }
+        assert evidence == {n: str(tmp_path / "evidence" / f"{i}-{n}.tar.gz") for n, i in incidents.items()}
+        # what the runner reads back: a failed event for gpu-3's incident only
+        events, _ = read_events(lab.journal, 0, {i: n for n, i in incidents.items()})
+        assert {e.incident for e in events if e.status == "failed"} == {incidents["gpu-3"]}
+        # one failure notification, for gpu-3 and its incident only
+        assert [(b["event"], b["nodes"], b["incidents"]) for b in sink.bodies if b["event"] == "failed"] == [
+            ("failed", ["gpu-3"], [incidents["gpu-3"]])
+        ]
+        two, three = lab.node("gpu-2"), lab.node("gpu-3")
+        assert not two["reason"] and "DRAIN" not in two["state_flags"], two
+        assert three["reason"].startswith("autoheal:") and three["reason"] != SPARE_REASON, three
+
+        # gpu-3 fixed (the injected failure was consumed): a rerun returns it, leaves gpu-2 alone
+        again = run_playbook("recover", extra, tmp=tmp_path)
+        assert again.rc == 0 and "NOT RECOVERED" not in again.output, again.output[-4000:]
+        assert ("returned", "ok") in phases(lab, "gpu-3", incidents["gpu-3"])
+        assert phases(lab, "gpu-2", incidents["gpu-2"]).count(("returned", "ok")) == 1
+    finally:
+        for n in incidents:
+            lab_cli(lab, "pool", "faults", "--node", n, "--health-failures", "0")
+            lab_cli(lab, "inject", "--node", n, "--clear")
+        run_playbook("unfence", {k: v for k, v in extra.items() if k in FENCE_INPUTS}, tmp=tmp_path)

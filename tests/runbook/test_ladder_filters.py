@@ -7,6 +7,7 @@ import json
 from tests.runbook.conftest import plugin
 
 ladder = plugin("filter.ladder")
+evidence = plugin("filter.evidence_nodes")
 
 
 def test_health_result_reads_the_check_and_fails_what_did_not_run():
@@ -74,3 +75,65 @@ def test_batch_results_of_a_batch_that_did_not_run_fails_every_node_naming_why()
         "ok": [],
         "failed": {},
     }
+
+
+def test_evidence_nodes_builds_one_entry_per_node_from_the_batch_health_readings():
+    """The evidence module's batch from the ladder's readings: each node its incident, the sources
+    its health check named, its validation failures; a node without a reading gets no sources."""
+    nodes = ["gpu-1", "gpu-2", "gpu-3"]
+    out = [
+        {
+            "item": "gpu-1",
+            "rc": 0,
+            "stdout": json.dumps(
+                {
+                    "node": "gpu-1",
+                    "healthy": False,
+                    "failures": ["GPU 3: XID 79"],
+                    "gpus": [{"gpu": 3, "uuid": "GPU-1", "serial": "1652"}],
+                    "kmsg": "/lab/kmsg/gpu-1/kmsg",
+                    "metrics_url": "http://127.0.0.1:9/metrics",
+                }
+            ),
+            "stderr": "",
+        },
+        {"item": "gpu-2", "rc": 1, "stdout": "", "stderr": "simulator: down"},
+    ]
+    readings = [
+        ladder.health_result(i) for i in ladder.batch_results({"rc": 0, "stdout": json.dumps(out)}, nodes)
+    ]
+    got = evidence.evidence_nodes(
+        nodes, {"gpu-1": "inc-1", "gpu-2": "inc-2"}, readings, {"gpu-2": "GPU 0: lost"}
+    )
+    assert [e["node"] for e in got] == nodes
+    assert got[0] == {
+        "node": "gpu-1",
+        "incident_id": "inc-1",
+        "kmsg": "/lab/kmsg/gpu-1/kmsg",
+        "metrics_url": "http://127.0.0.1:9/metrics",
+        "gpus": [{"gpu": 3, "uuid": "GPU-1", "serial": "1652"}],
+        "validation": {},
+    }
+    # a check that did not run: no sources, but the node still gets its bundle (and its failures)
+    assert got[1] == {
+        "node": "gpu-2",
+        "incident_id": "inc-2",
+        "kmsg": "",
+        "metrics_url": "",
+        "gpus": [],
+        "validation": {"failures": "GPU 0: lost"},
+    }
+    assert got[2]["incident_id"] == "manual" and got[2]["kmsg"] == ""
+    # no lab: no readings at all; readings keyed by node work as well
+    assert [e["kmsg"] for e in evidence.evidence_nodes(nodes, {}, [], None)] == ["", "", ""]
+    by_node = evidence.evidence_nodes(["gpu-2"], None, {"gpu-2": {"kmsg": "/k", "gpus": "junk"}})
+    assert by_node == [
+        {
+            "node": "gpu-2",
+            "incident_id": "manual",
+            "kmsg": "/k",
+            "metrics_url": "",
+            "gpus": [],
+            "validation": {},
+        }
+    ]

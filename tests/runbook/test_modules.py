@@ -428,3 +428,158 @@ def test_fence_sigterms_the_jobs_in_the_same_step_and_slurm_jobs_only_requeues_t
     finally:
         lab.slurm("scancel", str(a), check=False)
         reset(lab, "gpu-1")
+
+
+# -- evidence: a batch in one module run ------------------------------------------------------------
+# No cluster needed: the sources are files and a local metrics endpoint.
+
+
+class MetricsServer:
+    """A Prometheus text endpoint with GPU metrics for gpu-1, gpu-2 and gpu-9 (a whole cluster's,
+    as one federation endpoint); counts its reads."""
+
+    BODY = "\n".join(
+        [
+            "# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature",
+            *(
+                f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",Hostname="{n}"}} 4{i}'
+                for i, n in enumerate(["gpu-1", "gpu-2", "gpu-9"])
+            ),
+            'DCGM_FI_DEV_XID_ERRORS{gpu="0",Hostname="gpu-1"} 79',
+        ]
+    )
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from threading import Thread
+
+        self.reads = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                server.reads += 1
+                body = MetricsServer.BODY.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
+        Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def metrics_server():
+    s = MetricsServer()
+    yield s
+    s.stop()
+
+
+def evidence_batch(tmp_path: Any, url: str, nodes: tuple[str, ...] = ("gpu-1", "gpu-2")) -> dict[str, Any]:
+    entries = []
+    for i, n in enumerate(nodes):
+        kmsg = tmp_path / f"kmsg-{n}"
+        kmsg.write_text(
+            f"6,1,1,-;boot\n3,2,2,-;NVRM: Xid (PCI:0000:0{i}:00): 79, pid=1, GPU has fallen off the bus.\n"
+        )
+        entries.append(
+            {
+                "node": n,
+                "incident_id": f"inc-00000000007{i}",
+                "kmsg": str(kmsg),
+                "metrics_url": url,
+                "gpus": [{"gpu": 0, "uuid": f"GPU-{n}", "serial": f"1652{i}"}],
+                "validation": {"failures": "injected diagnostic failure"} if n == "gpu-2" else {},
+            }
+        )
+    return {"nodes": entries, "xid": 79, "gpu": 0, "dir": str(tmp_path / "evidence")}
+
+
+def bundle_files(tmp_path: Any) -> dict[str, float]:
+    root = tmp_path / "evidence"
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")} if root.exists() else {}
+
+
+def test_evidence_collects_a_batch_in_one_run_reading_each_metrics_endpoint_once(tmp_path, metrics_server):
+    import tarfile
+
+    args = evidence_batch(tmp_path, metrics_server.url)
+    res = run_module("evidence", args)
+    assert not res["failed"] and res["changed"], res
+    ev = tmp_path / "evidence"
+    assert res["paths"] == {
+        "gpu-1": str(ev / "inc-000000000070-gpu-1.tar.gz"),
+        "gpu-2": str(ev / "inc-000000000071-gpu-2.tar.gz"),
+    }
+    assert [(b["node"], b["changed"], b["missing"]) for b in res["bundles"]] == [
+        ("gpu-1", True, []),
+        ("gpu-2", True, []),
+    ]
+    assert metrics_server.reads == 1  # one read of the shared endpoint for the whole batch
+    for n, inc in (("gpu-1", "inc-000000000070"), ("gpu-2", "inc-000000000071")):
+        with tarfile.open(ev / f"{inc}-{n}.tar.gz") as tar:
+            summary = json.loads(tar.extractfile(f"{inc}-{n}/summary.json").read())
+            metrics = tar.extractfile(f"{inc}-{n}/metrics.txt").read().decode()
+            lines = tar.extractfile(f"{inc}-{n}/xid_lines.txt").read().decode()
+        assert summary["node"] == n and summary["incident"] == inc and summary["xid"] == 79
+        assert summary["gpus"][0]["uuid"] == f"GPU-{n}" and summary["missing"] == []
+        assert f'Hostname="{n}"' in metrics and "gpu-9" not in metrics and "# HELP" not in metrics
+        assert "fallen off the bus" in lines and "boot" not in lines
+    assert summary["validation"] == {"failures": "injected diagnostic failure"}  # gpu-2's
+    assert "XID_ERRORS" in (ev / "inc-000000000070-gpu-1" / "metrics.txt").read_text()
+
+
+def test_evidence_batch_keeps_what_exists_and_check_mode_writes_nothing(tmp_path, metrics_server):
+    args = evidence_batch(tmp_path, metrics_server.url)
+    dry = run_module("evidence", args, check=True)
+    assert not dry["failed"] and dry["changed"], dry
+    assert [b["changed"] for b in dry["bundles"]] == [True, True] and len(dry["paths"]) == 2
+    assert bundle_files(tmp_path) == {} and metrics_server.reads == 0  # nothing read, nothing written
+
+    assert run_module("evidence", args)["changed"]
+    before = bundle_files(tmp_path)
+    again = run_module("evidence", args)
+    assert not again["failed"] and not again["changed"], again
+    assert [b["changed"] for b in again["bundles"]] == [False, False]
+    assert bundle_files(tmp_path) == before and metrics_server.reads == 1  # kept as taken, not read again
+
+    # a third node joins the batch: only its bundle is written; check mode says so first
+    bigger = evidence_batch(tmp_path, metrics_server.url, ("gpu-1", "gpu-2", "gpu-9"))
+    dry = run_module("evidence", bigger, check=True)
+    assert [b["changed"] for b in dry["bundles"]] == [False, False, True] and bundle_files(tmp_path) == before
+    res = run_module("evidence", bigger)
+    assert [b["changed"] for b in res["bundles"]] == [False, False, True]
+    after = bundle_files(tmp_path)
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert "inc-000000000072-gpu-9.tar.gz" in after
+
+
+def test_evidence_single_node_form_still_works_and_the_forms_do_not_mix(tmp_path):
+    one = {"node": "gpu-3", "incident_id": "inc-0123456789ab", "xid": 48, "dir": str(tmp_path / "evidence")}
+    res = run_module("evidence", {**one, "metrics_url": "http://127.0.0.1:9/metrics"})
+    assert not res["failed"] and res["changed"], res
+    assert res["path"] == str(tmp_path / "evidence" / "inc-0123456789ab-gpu-3.tar.gz")
+    assert res["paths"] == {"gpu-3": res["path"]} and res["missing"][0].startswith("metrics: ")
+    assert not run_module("evidence", one)["changed"]
+    both = run_module("evidence", {**one, "nodes": [{"node": "gpu-4"}]})
+    assert both["failed"] and "mutually exclusive" in both["msg"]
+    shared = run_module(
+        "evidence", {"nodes": [{"node": "gpu-4"}], "kmsg": "/x", "xid": 48, "dir": one["dir"]}
+    )
+    assert shared["failed"] and "mutually exclusive" in shared["msg"]
+    twice = run_module(
+        "evidence", {"nodes": [{"node": "gpu-4"}, {"node": "gpu-4"}], "xid": 48, "dir": one["dir"]}
+    )
+    assert twice["failed"] and "given twice" in twice["msg"]
+    hostile = run_module("evidence", {"nodes": [{"node": "gpu-4; rm -rf /"}], "xid": 48, "dir": one["dir"]})
+    assert hostile["failed"] and "invalid node name" in hostile["msg"]

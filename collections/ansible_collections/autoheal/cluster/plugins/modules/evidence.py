@@ -16,48 +16,93 @@ description:
     (the node's last GPU metrics), then the same as a C(.tar.gz) beside it: what a human hands to
     support. A reboot clears the kernel log and the GPU's state, so the bundle is taken first.
   - >-
-    Idempotent - a bundle that exists is kept as it is (C(changed=false)): a rerun of the runbook
-    never overwrites what was collected before the reboot. In check mode nothing is written.
+    One node (O(node) with its sources) or a batch (O(nodes), one entry per node with its own
+    sources) in one module run - a storm's 100 nodes are one process, not 100. In a batch every
+    metrics endpoint is read once, however many nodes share it, and the endpoints are read side by
+    side.
+  - >-
+    Idempotent - a bundle that exists is kept as it is (C(changed=false) for that node): a rerun
+    of the runbook never overwrites what was collected before the reboot. In check mode nothing is
+    written and nothing is read; the result names the bundles that would be written.
   - Sources that cannot be read are recorded in C(summary.json) as C(missing), never fatal.
 version_added: 0.3.0
 author: autoheal maintainers (@autoheal-project)
 options:
   node:
-    description: The node.
+    description:
+      - The node (one bundle). Give O(node) or O(nodes).
+      - O(incident_id), O(kmsg), O(metrics_url), O(gpus) and O(validation) belong to this form;
+        with O(nodes) each entry carries its own.
     type: str
-    required: true
+  nodes:
+    description:
+      - The batch, one entry per node (each node at most once). Give O(node) or O(nodes).
+    type: list
+    elements: dict
+    version_added: 0.3.0
+    suboptions:
+      node:
+        description: The node.
+        type: str
+        required: true
+      incident_id:
+        description: The incident the bundle belongs to (C(manual) when run by hand).
+        type: str
+        default: manual
+      kmsg:
+        description: The node's kernel log as a file of records (lab), or empty.
+        type: path
+        default: ""
+      metrics_url:
+        description: A Prometheus text endpoint with the node's GPU metrics, or empty.
+        type: str
+        default: ""
+      gpus:
+        description: The node's GPUs, each with C(gpu), C(uuid) and, when known, C(serial).
+        type: list
+        elements: dict
+        default: []
+      validation:
+        description: The node's last validation result, kept in the summary.
+        type: dict
+        default: {}
   incident_id:
-    description: The incident the bundle belongs to (C(manual) when run by hand).
+    description: The incident the bundle of O(node) belongs to (C(manual) when run by hand).
     type: str
     default: manual
   xid:
-    description: The XID.
+    description: The XID (of every node of a batch).
     type: int
     required: true
   gpu:
-    description: The GPU index, when known.
+    description: The GPU index, when known (of every node of a batch).
     type: int
   dir:
     description: Directory holding bundles (absolute; created when missing).
     type: path
     required: true
   kmsg:
-    description: The node's kernel log as a file of records (lab), or empty.
+    description: The kernel log of O(node) as a file of records (lab), or empty.
     type: path
     default: ""
   metrics_url:
-    description: A Prometheus text endpoint with the node's GPU metrics (dcgm-exporter), or empty.
+    description: A Prometheus text endpoint with the GPU metrics of O(node) (dcgm-exporter), or empty.
     type: str
     default: ""
   gpus:
-    description: The node's GPUs, each with C(gpu), C(uuid) and, when known, C(serial).
+    description: The GPUs of O(node), each with C(gpu), C(uuid) and, when known, C(serial).
     type: list
     elements: dict
     default: []
   validation:
-    description: The last validation result, kept in the summary.
+    description: The last validation result of O(node), kept in the summary.
     type: dict
     default: {}
+notes:
+  - >-
+    Only the lines of a metrics endpoint whose C(Hostname) label names the node are kept, so one
+    endpoint for the whole cluster (a Prometheus federation) serves a batch as well as one
+    endpoint per node. At most 8 MiB of an endpoint is read.
 extends_documentation_fragment:
   - autoheal.cluster.attributes
   - autoheal.cluster.attributes.no_diff
@@ -72,22 +117,71 @@ EXAMPLES = r"""
     gpu: 3
     dir: /var/lib/autoheal/evidence
     metrics_url: http://gpu-3:9400/metrics
+
+- name: Evidence for a batch, one module run
+  autoheal.cluster.evidence:
+    nodes:
+      - node: gpu-3
+        incident_id: inc-0123456789ab
+        metrics_url: http://gpu-3:9400/metrics
+      - node: gpu-7
+        incident_id: inc-0123456789ac
+        metrics_url: http://gpu-7:9400/metrics
+        validation:
+          failures: [GPU 0 - XID 79]
+    xid: 79
+    dir: /var/lib/autoheal/evidence
+  register: evidence
+
+- name: Each node's bundle
+  ansible.builtin.debug:
+    msg: "{{ evidence.paths }}"
 """
 
 RETURN = r"""
 path:
-  description: The bundle (.tar.gz).
-  returned: always
+  description: The bundle (.tar.gz) of O(node).
+  returned: when O(node) is given
   type: str
 bundle_dir:
-  description: The bundle's directory.
-  returned: always
+  description: The bundle's directory, for O(node).
+  returned: when O(node) is given
   type: str
 missing:
-  description: Sources that could not be read.
-  returned: always
+  description: Sources of O(node) that could not be read.
+  returned: when O(node) is given
   type: list
   elements: str
+paths:
+  description: Each node's bundle (.tar.gz), by node name.
+  returned: always
+  type: dict
+  sample: {"gpu-3": "/var/lib/autoheal/evidence/inc-0123456789ab-gpu-3.tar.gz"}
+bundles:
+  description: One entry per node, in the order given.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    node:
+      description: The node.
+      type: str
+    incident_id:
+      description: The incident.
+      type: str
+    path:
+      description: The bundle (.tar.gz).
+      type: str
+    bundle_dir:
+      description: The bundle's directory.
+      type: str
+    changed:
+      description: Whether the bundle was written in this run (in check mode, would be written).
+      type: bool
+    missing:
+      description: Sources that could not be read (empty when the bundle was kept or in check mode).
+      type: list
+      elements: str
 """
 
 import json
@@ -95,21 +189,36 @@ import os
 import re
 import tarfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
-from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes
+from ansible_collections.autoheal.cluster.plugins.module_utils.validate import shown, validate_nodes
 
 # what the vendor wants from the kernel log: the driver's fault lines and the GPU announcements
 DRIVER_LINE = re.compile(r"NVRM: Xid|SXid|fallen off the bus|NVRM: GPU at PCI")
+HOSTNAME = re.compile(r'Hostname="([^"]*)"')
 SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_LINES = 500
+MAX_METRICS = 8 << 20  # bytes read from one metrics endpoint
+METRICS_WORKERS = 8  # endpoints read side by side
+# the sources of one node: in O(nodes) entries, and at the top level for O(node)
+PER_NODE = ("incident_id", "kmsg", "metrics_url", "gpus", "validation")
+NODE_OPTIONS = dict(
+    node=dict(type="str", required=True),
+    incident_id=dict(type="str", default="manual"),
+    kmsg=dict(type="path", default=""),
+    metrics_url=dict(type="str", default=""),
+    gpus=dict(type="list", elements="dict", default=[]),
+    validation=dict(type="dict", default={}),
+)
 
 
 def argument_spec() -> dict[str, Any]:
     return dict(
-        node=dict(type="str", required=True),
+        node=dict(type="str"),
+        nodes=dict(type="list", elements="dict", options=NODE_OPTIONS),
         incident_id=dict(type="str", default="manual"),
         xid=dict(type="int", required=True),
         gpu=dict(type="int"),
@@ -128,16 +237,46 @@ def driver_lines(path: str) -> list[str]:
     return ["".join(c if " " <= c <= "~" else "?" for c in ln) for ln in lines[-MAX_LINES:]]
 
 
-def node_metrics(url: str, node: str) -> list[str]:
-    """The exposition lines of `url` that belong to `node` (label Hostname)."""
+def metrics_by_node(url: str, nodes: set[str]) -> dict[str, list[str]]:
+    """The exposition lines of `url` for each of `nodes` (label Hostname), in one read."""
     with open_url(url, timeout=10) as resp:  # an operator-given URL (the node's metrics endpoint)
-        text = resp.read(8 << 20).decode("utf-8", errors="replace")
-    mark = f'Hostname="{node}"'
-    return [ln for ln in text.splitlines() if mark in ln and not ln.startswith("#")]
+        text = resp.read(MAX_METRICS).decode("utf-8", errors="replace")
+    out: dict[str, list[str]] = {n: [] for n in nodes}
+    for ln in text.splitlines():
+        if ln.startswith("#"):
+            continue
+        m = HOSTNAME.search(ln)
+        if m and m.group(1) in out:
+            out[m.group(1)].append(ln)
+    return out
 
 
-def collect(p: dict[str, Any], bundle: str) -> list[str]:
-    """Write the bundle's files; returns the sources that could not be read."""
+def read_metrics(entries: list[dict[str, Any]]) -> dict[str, dict[str, list[str]] | str]:
+    """Every endpoint the entries name, read once and side by side (a reading): {url: {node:
+    lines}}, or {url: why} for one that could not be read."""
+    wanted: dict[str, set[str]] = {}
+    for e in entries:
+        if e["metrics_url"]:
+            wanted.setdefault(e["metrics_url"], set()).add(e["node"])
+    out: dict[str, dict[str, list[str]] | str] = {}
+    if not wanted:
+        return out
+
+    def read(url: str) -> dict[str, list[str]] | str:
+        try:
+            return metrics_by_node(url, wanted[url])
+        except (OSError, ValueError) as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(max_workers=min(METRICS_WORKERS, len(wanted))) as pool:
+        for url, got in zip(wanted, pool.map(read, wanted)):
+            out[url] = got
+    return out
+
+
+def collect(p: dict[str, Any], bundle: str, metrics: dict[str, list[str]] | str | None) -> list[str]:
+    """Write the bundle's files; returns the sources that could not be read. `p` holds the node's
+    sources, `xid` and `gpu`; `metrics` the reading of its endpoint (read_metrics)."""
     missing: list[str] = []
     lines: list[str] = []
     if p["kmsg"]:
@@ -145,12 +284,12 @@ def collect(p: dict[str, Any], bundle: str) -> list[str]:
             lines = driver_lines(p["kmsg"])
         except OSError as exc:
             missing.append(f"kmsg: {exc}")
-    metrics: list[str] = []
+    node_lines: list[str] = []
     if p["metrics_url"]:
-        try:
-            metrics = node_metrics(p["metrics_url"], p["node"])
-        except (OSError, ValueError) as exc:
-            missing.append(f"metrics: {exc}")
+        if isinstance(metrics, dict):
+            node_lines = metrics.get(p["node"], [])
+        else:
+            missing.append(f"metrics: {metrics or 'not read'}")
     summary = {
         "incident": p["incident_id"],
         "node": p["node"],
@@ -165,33 +304,84 @@ def collect(p: dict[str, Any], bundle: str) -> list[str]:
     for name, content in (
         ("summary.json", json.dumps(summary, indent=1, sort_keys=True)),
         ("xid_lines.txt", "\n".join(lines)),
-        ("metrics.txt", "\n".join(metrics)),
+        ("metrics.txt", "\n".join(node_lines)),
     ):
         with open(os.path.join(bundle, name), "w", encoding="utf-8") as fh:
             fh.write(content + "\n")
     return missing
 
 
-def main() -> None:
-    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
-    p = module.params
-    validate_nodes(module, [p["node"]], field="node")
-    if not SAFE_ID.match(p["incident_id"]):
-        module.fail_json(msg=f"incident_id: {p['incident_id']!r} is not an incident id")
-    if not os.path.isabs(p["dir"]):
-        module.fail_json(msg=f"dir: {p['dir']!r} must be an absolute path")
-    bundle = os.path.join(p["dir"], f"{p['incident_id']}-{p['node']}")
+def write_bundle(entry: dict[str, Any], bundle: str, metrics: dict[str, list[str]] | str | None) -> list[str]:
+    """Collect one bundle and pack it; the .tar.gz appears whole or not at all."""
+    missing = collect(entry, bundle, metrics)
     tarball = bundle + ".tar.gz"
-    if os.path.exists(tarball):
-        module.exit_json(changed=False, path=tarball, bundle_dir=bundle, missing=[])
-    if module.check_mode:
-        module.exit_json(changed=True, path=tarball, bundle_dir=bundle, missing=[])
-    missing = collect(p, bundle)
     tmp = tarball + ".tmp"
     with tarfile.open(tmp, "w:gz") as tar:
         tar.add(bundle, arcname=os.path.basename(bundle))
     os.replace(tmp, tarball)  # a bundle is whole or absent: the idempotence check relies on it
-    module.exit_json(changed=True, path=tarball, bundle_dir=bundle, missing=missing)
+    return missing
+
+
+def entries_of(module: Any) -> list[dict[str, Any]]:
+    """One entry per node with its sources, `xid` and `gpu`, checked: node names, incident ids,
+    no node twice."""
+    p = module.params
+    if p["nodes"] is not None:
+        raw = [dict(e) for e in p["nodes"]]
+        field = "nodes"
+    else:
+        raw = [{"node": p["node"], **{k: p[k] for k in PER_NODE}}]
+        field = "node"
+    if not raw:
+        module.fail_json(msg="nodes: give at least one node")
+    validate_nodes(module, [e["node"] for e in raw], field=field)
+    names = [e["node"] for e in raw]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        module.fail_json(msg=f"nodes: {shown(twice)} given twice (one bundle per node)")
+    bad = [e["incident_id"] for e in raw if not SAFE_ID.match(str(e["incident_id"]))]
+    if bad:
+        module.fail_json(msg=f"incident_id: {shown(bad)} not incident ids")
+    return [dict(e, xid=p["xid"], gpu=p["gpu"]) for e in raw]
+
+
+def run(module: Any) -> dict[str, Any]:
+    p = module.params
+    if not os.path.isabs(p["dir"]):
+        module.fail_json(msg=f"dir: {p['dir']!r} must be an absolute path")
+    entries = entries_of(module)
+    bundles: list[dict[str, Any]] = []
+    todo: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for e in entries:
+        bundle = os.path.join(p["dir"], f"{e['incident_id']}-{e['node']}")
+        tarball = bundle + ".tar.gz"
+        b = dict(node=e["node"], incident_id=e["incident_id"], path=tarball, bundle_dir=bundle, missing=[])
+        b["changed"] = not os.path.exists(tarball)  # a bundle taken once is kept
+        bundles.append(b)
+        if b["changed"]:
+            todo.append((e, b))
+    if todo and not module.check_mode:
+        metrics = read_metrics([e for e, _b in todo])  # each endpoint once, however many nodes share it
+        for e, b in todo:
+            b["missing"] = write_bundle(e, b["bundle_dir"], metrics.get(e["metrics_url"]))
+    result: dict[str, Any] = dict(
+        changed=bool(todo), bundles=bundles, paths={b["node"]: b["path"] for b in bundles}
+    )
+    if p["nodes"] is None:
+        one = bundles[0]
+        result.update(path=one["path"], bundle_dir=one["bundle_dir"], missing=one["missing"])
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=argument_spec(),
+        supports_check_mode=True,
+        # a batch's entries carry their own sources
+        mutually_exclusive=[("node", "nodes"), *(("nodes", k) for k in PER_NODE)],
+        required_one_of=[("node", "nodes")],
+    )
+    module.exit_json(**run(module))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from remediation.executor import (
     stop_play,
 )
 from remediation.fencing import JournalFence
-from remediation.journal import IncidentRecord, Journal, RunRecord
+from remediation.journal import IncidentRecord, Journal, RunRecord, TimelineEntry
 from remediation.leader import Term
 from remediation.metrics import Metrics
 from remediation.notify import Notifier, SpareShortage, no_spare_pool
@@ -715,11 +715,7 @@ class Worker:
                 inc = tx.get(old.id)
                 if inc is None:
                     continue
-                failed_phases = [
-                    e.phase + (f" ({e.detail[:200]})" if e.detail else "")
-                    for e in self.journal.timeline(inc.id)
-                    if e.run_id == run_id and e.status == "failed" and e.source == "play"
-                ]
+                failed_phases = _unresolved_failures(self.journal.timeline(inc.id), run_id)
                 if inc.cancel_requested:
                     state, reason = IncidentState.CANCELLED, "cancelled by on-call"
                 elif status is RunStatus.CANCELLED:
@@ -768,3 +764,21 @@ class Worker:
         self.notifier.send(
             event, incident=inc.id, node=inc.node, tier=tier or inc.tier, state=state, reason=reason
         )
+
+
+CLIMBED = "climbed"  # the ladder's report that it moved past a failed rung (recover.yml)
+
+
+def _unresolved_failures(timeline: list[TimelineEntry], run_id: int) -> list[str]:
+    """The play's failed phases of this run that still stand, as "phase (detail)".
+
+    A failure the ladder climbed past is not the incident's outcome: a GPU reset that failed is
+    followed by `climbed` and a reboot, and a node the reboot brings back completes. Only the
+    failures reported after the run's last `climbed` count."""
+    mine = [e for e in timeline if e.run_id == run_id and e.source == "play"]
+    last_climb = max((i for i, e in enumerate(mine) if e.phase == CLIMBED and e.status == "ok"), default=-1)
+    return [
+        e.phase + (f" ({e.detail[:200]})" if e.detail else "")
+        for e in mine[last_climb + 1 :]
+        if e.status == "failed"
+    ]

@@ -387,3 +387,24 @@ def test_the_warm_fence_runs_beside_the_play_and_never_in_check_mode(runtime_fac
         [dry] = client.post("/webhook", json=body, headers=AUTH).json()["created"]
         wait_for(_closed(rt, 2), 90, "the dry run to close")
         assert rt.journal.incident(dry).dry_run and len(warm.calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("failed", "outcome"),
+    [
+        ("gpu_reset,validated", "completed"),  # the reset did not do; the reboot brought it back
+        ("gpu_reset,rebooted", "failed"),  # the reboot after the climb failed too
+    ],
+)
+def test_a_failure_the_ladder_climbed_past_is_not_the_outcome(serve, effects, monkeypatch, failed, outcome):
+    monkeypatch.setenv(
+        "AUTOHEAL_STUB_PHASES", "fenced,jobs_signalled,gpu_reset,validated,climbed,rebooted,returned"
+    )
+    monkeypatch.setenv("AUTOHEAL_STUB_REPORT_FAILED", failed)
+    rt, client = serve()
+    [iid] = client.post("/webhook", json=payload(alert("gpu-1")), headers=AUTH).json()["created"]
+    wait_for(_closed(rt, 1), 90, "incident to close")
+    inc = rt.journal.incident(iid)
+    assert inc.state == outcome, inc.reason
+    if outcome == "failed":
+        assert "rebooted" in inc.reason and "gpu_reset" not in inc.reason

@@ -7,7 +7,8 @@ env:  AUTOHEAL_STUB_EFFECTS (file to append "phase node" lines), AUTOHEAL_STUB_S
       AUTOHEAL_STUB_SLEEP (seconds to sleep in that phase), AUTOHEAL_STUB_SLEEP_ONCE (marker
       file: sleep only once), AUTOHEAL_STUB_FAIL_PHASE, AUTOHEAL_STUB_IGNORE_DONE (redo done phases,
       like the real runbook's idempotent steps do), AUTOHEAL_STUB_DETAIL_<PHASE> (the detail the
-      phase reports, e.g. the pool of a `no_spare`).
+      phase reports, e.g. the pool of a `no_spare`), AUTOHEAL_STUB_REPORT_FAILED (comma-separated
+      phases that report `failed` and go on, as the ladder's reset does before it climbs).
 """
 
 import json
@@ -56,8 +57,9 @@ def run_phase(phase: str, events_path: str, spec: dict) -> bool:
             open(once, "w").close()
         time.sleep(float(os.environ.get("AUTOHEAL_STUB_SLEEP", "5")))
     failed = os.environ.get("AUTOHEAL_STUB_FAIL_PHASE") == phase
+    reported = phase in os.environ.get("AUTOHEAL_STUB_REPORT_FAILED", "").split(",")
     for node, iid in todo:
-        emit(node, iid, "failed" if failed else "ok")
+        emit(node, iid, "failed" if failed or reported else "ok")
     return failed
 
 

@@ -13,15 +13,20 @@ warm fence is a child process that imports Ansible and the collection once. Per 
 
 It renders the run's own inputs, so it also sends SIGTERM to the jobs of a full run (a fence-only
 run signals none): the jobs start their checkpoint at the fence, ~2 s before the play's fence step
-would have. Both record what they signalled in the run's signal ledger (`autoheal_signal_ledger`,
-the fence module's `signal_ledger`): the play's step then signals no job twice and still hands
-every signalled job, even one that has already left, to the requeue. A check mode run never comes
-here. Anything that goes wrong is reported, never raised into the worker: the play fences (and
-signals) anyway, only later.
+would have. And it starts the play's next task, the requeue of each signalled job the moment it
+has left (autoheal.cluster.slurm_jobs, rendered from the same playbook), in a detached process:
+a job that checkpoints in half a second is requeued then, not when the play reaches that task
+~3 s later, and Slurm's credential wait (cred_expire) starts that much sooner. The play's own
+steps do the same again; the run's signal ledger (`autoheal_signal_ledger`) makes each job
+signalled once and requeued once, whichever process comes first, and lets the play report
+every job, even one that has already left. A check mode run never comes here. Anything that
+goes wrong is reported, never raised into the worker: the play fences, signals and requeues
+anyway, only later.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -37,6 +42,8 @@ from typing import IO, Any
 
 log = logging.getLogger(__name__)
 FENCE_MODULE = "autoheal.cluster.fence"
+REQUEUE_MODULE = "autoheal.cluster.slurm_jobs"
+REQUEUE_LOG = "warm-requeue.json"  # the background requeue's result, beside the run's events
 PLAYBOOK = "gpu_fatal_xid.yml"
 READY = "ready"
 
@@ -142,12 +149,13 @@ class WarmFence:
 # ------------------------------------------------------------------ the process
 
 
-def _fence_task(tasks: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+def _find_task(tasks: list[dict[str, Any]] | None, module: str) -> dict[str, Any] | None:
+    """The first task calling `module`, blocks included."""
     for task in tasks or []:
-        if FENCE_MODULE in task:
+        if module in task:
             return task
         for key in ("block", "rescue", "always"):
-            if (found := _fence_task(task.get(key))) is not None:
+            if (found := _find_task(task.get(key), module)) is not None:
                 return found
     return None
 
@@ -164,10 +172,13 @@ class _Renderer:
         self.loader = DataLoader()
         self.playbook_dir = data_root / "playbooks"
         plays = self.loader.load_from_file(str(self.playbook_dir / PLAYBOOK), trusted_as_template=True)
-        found = _fence_task(plays[0].get("tasks"))
+        found = _find_task(plays[0].get("tasks"), FENCE_MODULE)
         if found is None:
             raise RuntimeError(f"{PLAYBOOK} has no {FENCE_MODULE} task")
         self.task_args = found[FENCE_MODULE]
+        # the requeue of the signalled jobs: the play's first slurm_jobs task, right after the fence
+        requeue = _find_task(plays[0].get("tasks"), REQUEUE_MODULE)
+        self.requeue_task = requeue[REQUEUE_MODULE] if requeue is not None else None
         specs = yaml.safe_load((self.playbook_dir / "specs" / "inputs.yml").read_text())
         self.spec = specs[Path(PLAYBOOK).stem]
 
@@ -185,30 +196,63 @@ class _Renderer:
         rendered = Templar(loader=self.loader, variables={"autoheal_run": run}).template(self.task_args)
         return json.loads(json.dumps(rendered)), run
 
+    def requeue_args(self, run: dict[str, Any], fence: dict[str, Any]) -> dict[str, Any] | None:
+        """The requeue task's arguments after this fence, or None when it has nothing to do."""
+        from ansible.template import Templar
+
+        jobs = fence.get("jobs") or {}
+        if self.requeue_task is None or not jobs.get("signalled_job_ids") or not run.get("signal_ledger"):
+            return None
+        variables = {"autoheal_run": run, "autoheal_fence": fence}
+        rendered = Templar(loader=self.loader, variables=variables).template(self.requeue_task)
+        args: dict[str, Any] = json.loads(json.dumps(rendered))
+        return args if args.get("nodes") else None
+
+
+def _module_main(name: str, args: dict[str, Any], out_fd: int) -> None:
+    """In a forked child: run module `name` with `args`, its output on `out_fd`; never returns."""
+    code = 1
+    try:
+        os.dup2(out_fd, 1)
+        from ansible.module_utils import basic
+
+        basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
+        basic._ANSIBLE_PROFILE = "legacy"  # what ansible-core gives a collection's module
+        importlib.import_module(f"ansible_collections.autoheal.cluster.plugins.modules.{name}").main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        print(json.dumps({"failed": True, "msg": traceback.format_exc()[-2000:]}))
+    finally:
+        sys.stdout.flush()
+        os._exit(code)
+
+
+def _start_requeue(args: dict[str, Any], log: Path) -> None:
+    """Run the requeue module detached (a grandchild in a session of its own, reaped by init): it
+    lives until its jobs have left, seconds to the grace period, and the server goes on at once."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                _module_main("slurm_jobs", args, fd)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
 
 def _run_module(args: dict[str, Any], timeout: float) -> dict[str, Any]:
     """The fence module's result: run in a forked child (a module ends its process)."""
-    from ansible.module_utils import basic
-    from ansible_collections.autoheal.cluster.plugins.modules import fence
+    from ansible_collections.autoheal.cluster.plugins.modules import fence  # noqa: F401 - imported once, here
 
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: stdout is the pipe; never return into the server loop
-        code = 1
-        try:
-            os.close(r)
-            os.dup2(w, 1)
-            basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
-            basic._ANSIBLE_PROFILE = "legacy"  # what ansible-core gives a collection's module
-            fence.main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            print(json.dumps({"failed": True, "msg": traceback.format_exc()[-2000:]}))
-        finally:
-            sys.stdout.flush()
-            os._exit(code)
+        os.close(r)
+        _module_main("fence", args, w)
     os.close(w)
     out = b""
     deadline = time.monotonic() + timeout
@@ -255,6 +299,9 @@ def _serve(data_root: Path, timeout: float) -> None:
                 events = fence_events(result, run["incidents"])
                 if run.get("journal_events"):
                     append(run["journal_events"], build_lines(events, time.time()))
+                requeue = renderer.requeue_args(run, result)
+                if requeue is not None:
+                    _start_requeue(requeue, Path(run["signal_ledger"]).with_name(REQUEUE_LOG))
                 reply = {"ok": True, "changed": bool(result.get("changed")), "events": events}
         except Exception as exc:  # a bad request is answered, never the end of the process
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}

@@ -84,9 +84,9 @@ def test_bad_input_is_refused_and_a_dead_process_is_replaced(
 def test_the_warm_fence_signals_the_jobs_once_and_the_play_still_requeues_them(
     lab: Any, tmp_path: Path, warm: WarmFence
 ) -> None:
-    """Issue 18: SIGTERM at the warm fence, ~2 s before the play's fence step. The job checkpoints
-    and leaves before the play even starts; the play's step finds it in the run's signal ledger:
-    it neither signals it again nor forgets it, and the job is requeued."""
+    """Issue 18: SIGTERM at the warm fence, ~2 s before the play's fence step, and the requeue the
+    moment the job has left, before the play even starts. The play's steps find both in the
+    run's signal ledger: the job is signalled once, requeued once, and reported requeued."""
     log = tmp_path / "term.log"
     script = tmp_path / "trap.sh"
     script.write_text(
@@ -110,11 +110,15 @@ def test_the_warm_fence_signals_the_jobs_once_and_the_play_still_requeues_them(
         assert list(json.loads(ledger.read_text())["signalled"]) == [str(a)]
         wait_for(lambda: lab.jobs()[a]["job_state"] not in ("RUNNING", "COMPLETING"), 15, "the job to leave")
 
+        # the warm path also requeued it the moment it left, before any play ran
+        requeued = wait_for(lambda: json.loads(ledger.read_text()).get("requeued"), 15, "the warm requeue")
+        assert list(requeued) == [str(a)] and lab.jobs()[a]["restart_cnt"] == 1
+
         play = run_playbook("gpu_fatal_xid", extra, tmp=tmp_path)
         assert play.rc == 0, play.output[-4000:]
         assert log.read_text().split() == ["TERM", str(a)], "signalled twice"
         job = lab.jobs()[a]
-        assert job["restart_cnt"] == 1 and job["job_state"] in ("PENDING", "RUNNING"), job
+        assert job["restart_cnt"] == 1 and job["job_state"] in ("PENDING", "RUNNING"), "requeued twice"
         phases = [(e["phase"], e["status"]) for e in map(json.loads, events.read_text().splitlines())]
         assert ("requeued", "ok") in phases, phases
     finally:

@@ -83,19 +83,21 @@ def signal(slurm: Slurm, ids: list[int], sig: str, result: dict[str, Any]) -> No
 
 
 class SignalLedger:
-    """Which jobs a run has signalled, and when: a JSON file beside the run's journal events,
-    read and written under an exclusive lock (flock).
+    """Which jobs a run has signalled and requeued, and when: a JSON file beside the run's
+    journal events, read and written under an exclusive lock (flock).
 
-    Why: the warm fence and the play's own fence step are two processes fencing the same run,
-    the first ~2 s before the second. Whichever comes first signals the jobs; the other finds
-    them here and neither signals them again (a second SIGTERM can abort a checkpoint under way)
-    nor loses them (a job that checkpointed in 0.2 s has left before the play looks, and still
-    needs its requeue). Use as a context manager: the lock is held for the whole signalling.
+    Why: the warm fence and the play's own steps are two processes acting on the same run, the
+    first ~2-3 s ahead. Whichever comes first signals a job, or requeues it the moment it has
+    left; the other finds that here and does not do it again (a second SIGTERM can abort a
+    checkpoint under way; a second requeue fails, or would requeue the job's next run) nor loses
+    it (a job that checkpointed in 0.2 s has left before the play looks, and still needs its
+    requeue). Use as a context manager: the lock is held until it exits.
     """
 
     def __init__(self, path: str | None) -> None:
         self.path = path
         self.jobs: dict[int, float] = {}  # job id -> when it was signalled
+        self.requeued: dict[int, float] = {}  # job id -> when it was requeued
         self._fd: int | None = None
 
     def __enter__(self) -> SignalLedger:
@@ -108,16 +110,31 @@ class SignalLedger:
             except ValueError:
                 data = {}  # torn by a crash mid-write: signal again rather than lose a requeue
             self.jobs = {int(k): float(v) for k, v in (data.get("signalled") or {}).items()}
+            self.requeued = {int(k): float(v) for k, v in (data.get("requeued") or {}).items()}
         return self
 
     def add(self, ids: list[int], at: float) -> None:
+        """Record jobs signalled at `at`."""
         for i in ids:
             self.jobs.setdefault(i, at)
-        if self._fd is not None:
-            raw = json.dumps({"signalled": {str(k): v for k, v in sorted(self.jobs.items())}}).encode()
-            os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, raw, 0)
-            os.fsync(self._fd)
+        self._save()
+
+    def add_requeued(self, ids: list[int], at: float) -> None:
+        for i in ids:
+            self.requeued.setdefault(i, at)
+        self._save()
+
+    def _save(self) -> None:
+        if self._fd is None:
+            return
+        data = {
+            "signalled": {str(k): v for k, v in sorted(self.jobs.items())},
+            "requeued": {str(k): v for k, v in sorted(self.requeued.items())},
+        }
+        raw = json.dumps(data).encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, raw, 0)
+        os.fsync(self._fd)
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:

@@ -85,6 +85,15 @@ options:
         (restart_app), where the job may start again on the same node. Omitted, every job counts.
     type: float
     version_added: 0.3.0
+  signal_ledger:
+    description:
+      - A file recording which jobs this run signalled and requeued (see M(autoheal.cluster.fence)'s
+        O(autoheal.cluster.fence#module:signal_ledger)). A job recorded there as requeued is not
+        waited for nor requeued again (another process of the run - the runner's warm path -
+        requeued it the moment it left); it is reported requeued, at the recorded time. Jobs
+        this module requeues are recorded there, under the file's lock.
+    type: path
+    version_added: 0.3.0
 notes:
   - Check mode lists the jobs and reports what would be signalled and requeued; it sends nothing.
   - A job that finishes on its own between the listing and the signal is still requeued if it
@@ -165,6 +174,11 @@ requeued_at:
   description: Epoch time of the requeue (null when nothing was requeued).
   returned: always
   type: float
+requeued_elsewhere:
+  description: Jobs O(signal_ledger) shows another process of the run had already requeued.
+  returned: always
+  type: list
+  elements: int
 commands:
   description: Commands run (argv lists).
   returned: always
@@ -178,6 +192,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.autoheal.cluster.plugins.module_utils.slurm import SLURM_COMMON_ARGS, Job, Slurm
 from ansible_collections.autoheal.cluster.plugins.module_utils.slurm_signal import (
     ACTIVE,
+    SignalLedger,
     job_record,
     signal,
 )
@@ -199,6 +214,7 @@ def argument_spec() -> dict[str, Any]:
         requeue=dict(type="bool", default=True),
         requeue_after_grace=dict(type="bool", default=True),
         started_before=dict(type="float"),
+        signal_ledger=dict(type="path"),
     )
     spec.update(SLURM_COMMON_ARGS)
     return spec
@@ -281,17 +297,25 @@ def to_requeue(
     return todo
 
 
-def requeue(slurm: Slurm, todo: list[int], result: dict[str, Any]) -> dict[int, str]:
+def requeue(slurm: Slurm, todo: list[int], result: dict[str, Any], ledger_path: str | None) -> dict[int, str]:
     """One scontrol call for the batch; when it fails, one call per job to learn which.
-    Returns {job id: error} of those that could not be requeued."""
+    Returns {job id: error} of those that could not be requeued. Under the run's ledger lock: a
+    job another process of the run requeued is only reported (requeued_elsewhere)."""
     failed: dict[int, str] = {}
-    if todo:
-        result["requeued_at"] = time.time()
-        rc, _out, _err = slurm.run(["scontrol", "requeue", ",".join(map(str, todo))], check_rc=False)
-        for i in todo if rc != 0 else []:
-            rc1, out1, err1 = slurm.run(["scontrol", "requeue", str(i)], check_rc=False)
-            if rc1 != 0:
-                failed[i] = (err1 or out1).strip()
+    with SignalLedger(ledger_path) as ledger:
+        elsewhere = {i: ledger.requeued[i] for i in todo if i in ledger.requeued}
+        mine = [i for i in todo if i not in elsewhere]
+        if mine:
+            result["requeued_at"] = time.time()
+            rc, _out, _err = slurm.run(["scontrol", "requeue", ",".join(map(str, mine))], check_rc=False)
+            for i in mine if rc != 0 else []:
+                rc1, out1, err1 = slurm.run(["scontrol", "requeue", str(i)], check_rc=False)
+                if rc1 != 0:
+                    failed[i] = (err1 or out1).strip()
+            ledger.add_requeued([i for i in mine if i not in failed], result["requeued_at"])
+    if elsewhere:
+        result["requeued_elsewhere"] = sorted(elsewhere)
+        result["requeued_at"] = min([*elsewhere.values(), *([result["requeued_at"]] if mine else [])])
     after = by_id(slurm.jobs())
     for r in result["jobs"]:
         if r["job_id"] not in todo:
@@ -319,6 +343,7 @@ def new_result(slurm: Slurm, records: list[dict[str, Any]]) -> dict[str, Any]:
         waited_seconds=0.0,
         signalled_at=None,
         requeued_at=None,
+        requeued_elsewhere=[],
         commands=slurm.commands,
     )
 
@@ -359,9 +384,15 @@ def main() -> None:
         result["signalled_at"] = min(at, result["signalled_at"] or at)
     if p["action"] == "signal":
         module.exit_json(**result)
-    running = wait_for_end(slurm, result["job_ids"], p, result)
+    # jobs another process of this run requeued already: not waited for (one may run again by now)
+    with SignalLedger(p["signal_ledger"]) as ledger:
+        elsewhere = set(ledger.requeued)
+    running = wait_for_end(slurm, [i for i in result["job_ids"] if i not in elsewhere], p, result)
     if do_requeue:
-        failed = requeue(slurm, to_requeue(result["jobs"], running, p, result), result)
+        todo = to_requeue(result["jobs"], running, p, result)
+        failed = requeue(
+            slurm, sorted({*todo, *(elsewhere & set(result["job_ids"]))}), result, p["signal_ledger"]
+        )
         if failed:
             module.fail_json(msg=f"requeue failed for jobs {sorted(failed)}", **result)
     module.exit_json(**result)

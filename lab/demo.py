@@ -103,6 +103,8 @@ class Watch:
                 self.seen["alert_fired"] = max(ts, self.t_fault)
 
     def _journal(self) -> None:
+        if not self.t_fault:
+            return  # not injected yet: an earlier incident on this node is not this fault's
         j = runner.open_journal(self.cfg)  # SQLite or the lab's PostgreSQL
         if j is None:
             return

@@ -230,18 +230,19 @@ def _module_main(name: str, args: dict[str, Any], out_fd: int) -> None:
 
 
 def _start_requeue(args: dict[str, Any], log: Path) -> None:
-    """Run the requeue module detached (a grandchild in a session of its own, reaped by init): it
-    lives until its jobs have left, seconds to the grace period, and the server goes on at once."""
+    """Run the requeue module in a child of its own session (a restart of this process does not
+    end it): it lives until its jobs have left, seconds to the grace period, and the server goes
+    on at once. A thread reaps it, so no zombie is left to a PID 1 that does not reap (the
+    runner is PID 1 in its pod)."""
     pid = os.fork()
     if pid == 0:
         try:
             os.setsid()
-            if os.fork() == 0:
-                fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                _module_main("slurm_jobs", args, fd)
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            _module_main("slurm_jobs", args, fd)
         finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
+            os._exit(1)
+    threading.Thread(target=os.waitpid, args=(pid, 0), name=f"reap-{pid}", daemon=True).start()
 
 
 def _run_module(args: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -11,17 +11,17 @@ warm fence is a child process that imports Ansible and the collection once. Per 
 3. runs the autoheal.cluster.fence module in a forked grandchild (a module exits the process);
 4. appends the `fenced` phase events to the run's events file, as the play's journal step does.
 
-It renders the run's own inputs, so it also sends SIGTERM to the jobs of a full run (a fence-only
-run signals none): the jobs start their checkpoint at the fence, ~2 s before the play's fence step
-would have. And it starts the play's next task, the requeue of each signalled job the moment it
-has left (autoheal.cluster.slurm_jobs, rendered from the same playbook), in a detached process:
-a job that checkpoints in half a second is requeued then, not when the play reaches that task
-~3 s later, and Slurm's credential wait (cred_expire) starts that much sooner. The play's own
-steps do the same again; the run's signal ledger (`autoheal_signal_ledger`) makes each job
-signalled once and requeued once, whichever process comes first, and lets the play report
-every job, even one that has already left. A check mode run never comes here. Anything that
-goes wrong is reported, never raised into the worker: the play fences, signals and requeues
-anyway, only later.
+It renders the run's own inputs, so it also sends SIGTERM to the jobs of a full run of up to
+WARM_SIGNAL_MAX_NODES nodes (a fence-only run, or a storm's big batch, signals none): the jobs
+start their checkpoint at the fence, ~2 s before the play's fence step would have. It starts the
+play's next task too, the requeue of each signalled job the moment it has left
+(autoheal.cluster.slurm_jobs, rendered from the same playbook), in a detached process: a job that
+checkpoints in half a second is requeued then, not when the play reaches that task ~3 s later,
+and Slurm's credential wait (cred_expire) starts that much sooner. The play's own steps do the
+same again; the run's signal ledger (`autoheal_signal_ledger`) makes each job signalled once and
+requeued once, whichever process comes first, and lets the play report every job, even one that
+has already left. A check mode run never comes here. Anything that goes wrong is reported, never
+raised into the worker: the play fences, signals and requeues anyway, only later.
 """
 
 from __future__ import annotations
@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 FENCE_MODULE = "autoheal.cluster.fence"
 REQUEUE_MODULE = "autoheal.cluster.slurm_jobs"
 REQUEUE_LOG = "warm-requeue.json"  # the background requeue's result, beside the run's events
+# The largest batch whose jobs the warm path signals (and requeues). A bigger batch is a storm:
+# there the warm path fences only, as fast as it can, because the fence-only runs of the other
+# nodes queue behind it (one request at a time); reading 100 nodes' opt-out labels and jobs took
+# the storm's last cordon from ~6 s to 21 s (bench/storm.py). The play's fence step signals them.
+WARM_SIGNAL_MAX_NODES = 16
 PLAYBOOK = "gpu_fatal_xid.yml"
 READY = "ready"
 
@@ -189,6 +194,8 @@ class _Renderer:
         from ansible_collections.autoheal.cluster.plugins.plugin_utils.runbook_inputs import derive
 
         given = {k: v for k, v in extravars.items() if k in self.spec}
+        if len(given.get("autoheal_nodes") or []) > WARM_SIGNAL_MAX_NODES:
+            given["autoheal_stop_after"] = "fenced"  # a storm's batch: fence only, signal nothing
         checked = ArgumentSpecValidator(self.spec).validate(given, validate_role_argument_spec=True)
         if checked.error_messages:
             raise ValueError("invalid input: " + "; ".join(checked.error_messages))

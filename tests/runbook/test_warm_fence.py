@@ -125,3 +125,28 @@ def test_the_warm_fence_signals_the_jobs_once_and_the_play_still_requeues_them(
         lab.slurm("scancel", str(a), check=False)
         back = {**lab.base_vars(), "autoheal_nodes": ["gpu-4"], "autoheal_incident_ids": ["inc-sig"]}
         run_playbook("node_return", back, tmp=tmp_path)
+
+
+def test_a_storm_batch_is_fenced_on_the_warm_path_without_signalling(tmp_path: Path) -> None:
+    """Up to WARM_SIGNAL_MAX_NODES nodes the warm path signals the jobs; a bigger batch (a storm)
+    is only fenced there, so the fence-only runs queued behind it are not held up."""
+    from remediation.warmfence import WARM_SIGNAL_MAX_NODES, _Renderer
+
+    renderer = _Renderer(REPO)
+
+    def signalled(n: int) -> list[str]:
+        nodes = [f"gpu-{i}" for i in range(1, n + 1)]
+        extra = {
+            "autoheal_nodes": nodes,
+            "autoheal_incident_ids": [f"inc-{i:012x}" for i in range(1, n + 1)],
+            "autoheal_xid": 79,
+            "autoheal_tier": "reboot",
+            "autoheal_backend": "none",
+            "autoheal_journal_events": str(tmp_path / "events.jsonl"),
+        }
+        args, _run = renderer.args(extra)
+        return list(args["signal_jobs"])
+
+    assert signalled(1) == ["gpu-1"]
+    assert len(signalled(WARM_SIGNAL_MAX_NODES)) == WARM_SIGNAL_MAX_NODES
+    assert signalled(WARM_SIGNAL_MAX_NODES + 1) == []

@@ -24,10 +24,11 @@ description:
     are not signalled again; they are waited for (the grace period counts from their signal) and
     requeued the moment each has left, even when it left before this module started.
   - >-
-    How it sees a job leave - C(squeue -h -j IDS -o "%i %T") every O(poll_interval) (0.1 s), a few
-    milliseconds of slurmctld time each. Slurm 22.05 pushes no job-end event to a client (a
-    C(strigger --fini) fires on slurmctld's periodic trigger pass, seconds late), so a short, cheap
-    poll is the fastest way to requeue the instant the job is gone.
+    How it sees a job leave - C(squeue -h -j IDS -o "%i %T"), first after O(poll_interval) (0.1 s),
+    the pause growing to O(poll_interval_max) (0.5 s), a few milliseconds of slurmctld time each.
+    Slurm 22.05 pushes no job-end event to a client (a C(strigger --fini) fires on slurmctld's
+    periodic trigger pass, seconds late), so a short, cheap poll is the fastest way to requeue the
+    instant the job is gone.
   - Idempotent - a second run finds no running jobs on the fenced nodes and changes nothing; on a
     node that stays in service, O(started_before) keeps a rerun off the jobs the first run requeued.
   - >-
@@ -58,9 +59,17 @@ options:
     type: int
     default: 120
   poll_interval:
-    description: Seconds between C(squeue) polls while waiting.
+    description:
+      - Seconds between the first C(squeue) polls while waiting; each pause then grows by a third,
+        up to O(poll_interval_max). A job that checkpoints at once is seen leaving within 0.1 s; a
+        storm's many runs waiting out long checkpoints do not spawn ten C(squeue) a second each.
     type: float
     default: 0.1
+  poll_interval_max:
+    description: The longest pause between C(squeue) polls while waiting.
+    type: float
+    default: 0.5
+    version_added: 0.3.0
   signalled_job_ids:
     description: Jobs already signalled (by M(autoheal.cluster.fence)); not signalled again.
     type: list
@@ -209,6 +218,7 @@ def argument_spec() -> dict[str, Any]:
         signal=dict(type="str", default="TERM", choices=["TERM", "INT", "USR1", "USR2", "CONT"]),
         grace_seconds=dict(type="int", default=120),
         poll_interval=dict(type="float", default=0.1),
+        poll_interval_max=dict(type="float", default=0.5),
         signalled_job_ids=dict(type="list", elements="int", default=[]),
         signalled_at=dict(type="float"),
         requeue=dict(type="bool", default=True),
@@ -263,13 +273,15 @@ def wait_for_end(slurm: Slurm, ids: list[int], p: dict[str, Any], result: dict[s
     job's state; return the ids still running."""
     deadline = result["signalled_at"] + p["grace_seconds"]
     now: dict[int, str] = {}
+    pause = p["poll_interval"]
     while True:
         seen = job_states(slurm, ids)
         now = seen if seen is not None else now
         running = [i for i in ids if seen is None or now.get(i) in ENDING]
         if not running or time.time() >= deadline:
             break
-        time.sleep(min(p["poll_interval"], max(0.02, deadline - time.time())))
+        time.sleep(min(pause, max(0.02, deadline - time.time())))
+        pause = min(max(p["poll_interval"], p["poll_interval_max"]), pause * 4 / 3)
     result["waited_seconds"] = round(time.time() - result["signalled_at"], 3)
     for r in result["jobs"]:
         r["state_after"] = now.get(r["job_id"], "GONE")

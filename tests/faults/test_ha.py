@@ -341,6 +341,8 @@ def test_leader_killed_mid_play_the_follower_resumes_and_every_alert_is_accepted
             assert counts[f"{phase} gpu-1"] == (2 if phase == "spare_promoted" else 1), (phase, counts)
             for node in ("gpu-2", "gpu-3"):
                 assert counts[f"{phase} {node}"] == 1, (phase, node, counts)  # run once, by b
+        # the pages go out from the notifier's own thread, just after each incident closed
+        wait_for(lambda: len(sink.named("incident.completed")) >= 3, 15, "one page per incident")
         assert len(sink.named("incident.completed")) == 3
     finally:
         if poster is not None:

@@ -5,7 +5,10 @@ of a fence: after the warm fence, the play's fence task finds nothing to change.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,24 +132,31 @@ def test_the_warm_fence_signals_the_jobs_once_and_the_play_still_requeues_them(
 
 def test_a_storm_batch_is_fenced_on_the_warm_path_without_signalling(tmp_path: Path) -> None:
     """Up to WARM_SIGNAL_MAX_NODES nodes the warm path signals the jobs; a bigger batch (a storm)
-    is only fenced there, so the fence-only runs queued behind it are not held up."""
-    from remediation.warmfence import WARM_SIGNAL_MAX_NODES, _Renderer
+    is only fenced there, so the fence-only runs queued behind it are not held up. Rendered in a
+    fresh interpreter, as the warm fence process does (it installs the collection loader)."""
+    from remediation.warmfence import WARM_SIGNAL_MAX_NODES
 
-    renderer = _Renderer(REPO)
-
-    def signalled(n: int) -> list[str]:
-        nodes = [f"gpu-{i}" for i in range(1, n + 1)]
-        extra = {
-            "autoheal_nodes": nodes,
-            "autoheal_incident_ids": [f"inc-{i:012x}" for i in range(1, n + 1)],
-            "autoheal_xid": 79,
-            "autoheal_tier": "reboot",
-            "autoheal_backend": "none",
-            "autoheal_journal_events": str(tmp_path / "events.jsonl"),
-        }
-        args, _run = renderer.args(extra)
-        return list(args["signal_jobs"])
-
-    assert signalled(1) == ["gpu-1"]
-    assert len(signalled(WARM_SIGNAL_MAX_NODES)) == WARM_SIGNAL_MAX_NODES
-    assert signalled(WARM_SIGNAL_MAX_NODES + 1) == []
+    code = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from remediation.warmfence import _Renderer\n"
+        "r = _Renderer(Path(sys.argv[1]))\n"
+        "for n in map(int, sys.argv[3:]):\n"
+        "    extra = {'autoheal_nodes': [f'gpu-{i}' for i in range(1, n + 1)],\n"
+        "             'autoheal_incident_ids': [f'inc-{i:012x}' for i in range(1, n + 1)],\n"
+        "             'autoheal_xid': 79, 'autoheal_tier': 'reboot', 'autoheal_backend': 'none',\n"
+        "             'autoheal_journal_events': sys.argv[2]}\n"
+        "    print(json.dumps(r.args(extra)[0]['signal_jobs']))\n"
+    )
+    sizes = [1, WARM_SIGNAL_MAX_NODES, WARM_SIGNAL_MAX_NODES + 1]
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(REPO), str(tmp_path / "events.jsonl"), *map(str, sizes)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    one, most, storm = (json.loads(line) for line in out.stdout.splitlines()[-3:])
+    assert one == ["gpu-1"] and len(most) == WARM_SIGNAL_MAX_NODES and storm == []

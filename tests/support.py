@@ -73,3 +73,23 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def pinned_deployment(
+    name: str, node: str, replicas: int, namespace: str = "default", tolerations: list[Any] | None = None
+) -> dict[str, Any]:
+    """A Deployment of `replicas` fake pods held on one node (KWOK runs them): what a drain evicts."""
+    pod_spec: dict[str, Any] = {"nodeSelector": {"kubernetes.io/hostname": node}}
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    pod_spec["containers"] = [{"name": "c", "image": "fake"}]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec},
+        },
+    }

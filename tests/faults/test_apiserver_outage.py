@@ -20,7 +20,7 @@ import pytest
 
 from lab import kube, procs
 from tests.runbook.conftest import run_module
-from tests.support import port_base, wait_for
+from tests.support import pinned_deployment, port_base, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 PORT_BASE = port_base(24200)
@@ -44,25 +44,6 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kube.KubeHandle]
 def api(plane: kube.KubeHandle) -> Iterator[httpx.Client]:
     with kube.http_client(plane.kubeconfig) as http:
         yield http
-
-
-def _deployment(name: str, node: str, replicas: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": node},
-                    "containers": [{"name": "c", "image": "fake"}],
-                },
-            },
-        },
-    }
 
 
 def _running(api: httpx.Client, app: str, node: str) -> list[str]:
@@ -114,7 +95,7 @@ def test_the_api_server_restarted_during_a_drain_the_drain_waits_and_completes(p
         "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "trainer"}}},
     }
     api.post(
-        f"/apis/apps/v1/namespaces/{NS}/deployments", json=_deployment("trainer", "gpu-a", 2)
+        f"/apis/apps/v1/namespaces/{NS}/deployments", json=pinned_deployment("trainer", "gpu-a", 2, NS)
     ).raise_for_status()
     api.post(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets", json=pdb).raise_for_status()
     try:
@@ -165,7 +146,7 @@ def test_the_api_server_restarted_during_a_drain_the_drain_waits_and_completes(p
 
 def test_the_api_server_away_longer_than_api_wait_fails_the_step_and_the_node_stays_cordoned(plane, api):
     api.post(
-        f"/apis/apps/v1/namespaces/{NS}/deployments", json=_deployment("held", "gpu-b", 1)
+        f"/apis/apps/v1/namespaces/{NS}/deployments", json=pinned_deployment("held", "gpu-b", 1, NS)
     ).raise_for_status()
     try:
         wait_for(lambda: _running(api, "held", "gpu-b"), 90, "a pod running on gpu-b")

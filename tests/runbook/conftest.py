@@ -342,3 +342,17 @@ def checkpoint_job(tmp_path):
     script.write_text(CHECKPOINT_JOB.format(ckpt=ck, log=log))
     script.chmod(0o755)
     return script, ck, log
+
+
+def trap_job_script(tmp: Path) -> tuple[Path, Path]:
+    """(a batch script that logs "TERM <job id>" to the returned log and exits on SIGTERM, the log):
+    a job that checkpoints at once."""
+    log = tmp / "trap.log"
+    script = tmp / "trap.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"trap 'echo TERM $SLURM_JOB_ID >> {log}; exit 0' TERM\n"
+        "while true; do sleep 0.5 & wait $!; done\n"
+    )
+    script.chmod(0o755)
+    return script, log

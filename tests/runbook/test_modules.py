@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.runbook.conftest import run_module
-from tests.support import wait_for
+from tests.runbook.conftest import run_module, trap_job_script
+from tests.support import pinned_deployment, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -110,14 +110,7 @@ def test_slurm_node_unknown_nodes_fail_after_the_known_ones_are_fenced(lab):
 
 
 def test_slurm_jobs_evacuate_signals_waits_requeues_and_reports_no_requeue_jobs(lab, tmp_path):
-    log = tmp_path / "trap.log"
-    script = tmp_path / "trap.sh"
-    script.write_text(
-        "#!/bin/bash\n"
-        f"trap 'echo TERM $SLURM_JOB_ID >> {log}; exit 0' TERM\n"
-        "while true; do sleep 0.5 & wait $!; done\n"
-    )
-    script.chmod(0o755)
+    script, log = trap_job_script(tmp_path)
     lab.slurm(
         "scontrol", "update", "nodename=gpu-1,gpu-2", "state=drain", "reason=autoheal: test", check=False
     )
@@ -315,23 +308,9 @@ def test_k8s_evict_drains_a_batch_and_reports_what_a_pdb_protects(kube_lab):
     kc = str(lab.kubeconfig)
 
     def deployment(name: str, node: str, replicas: int) -> dict[str, Any]:
-        return {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name}},
-                    "spec": {
-                        "nodeSelector": {"kubernetes.io/hostname": node},
-                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
-                        "containers": [{"name": "c", "image": "fake"}],
-                    },
-                },
-            },
-        }
+        return pinned_deployment(
+            name, node, replicas, tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]
+        )
 
     pdb = {
         "apiVersion": "policy/v1",
@@ -385,14 +364,7 @@ def test_k8s_evict_drains_a_batch_and_reports_what_a_pdb_protects(kube_lab):
 def test_fence_sigterms_the_jobs_in_the_same_step_and_slurm_jobs_only_requeues_them(lab, tmp_path):
     """Issue 18: the jobs get SIGTERM at the fence, not steps later; slurm_jobs then requeues each
     job that has left (here: before it even started) without signalling it a second time."""
-    log = tmp_path / "trap.log"
-    script = tmp_path / "trap.sh"
-    script.write_text(
-        "#!/bin/bash\n"
-        f"trap 'echo TERM $SLURM_JOB_ID >> {log}; exit 0' TERM\n"
-        "while true; do sleep 0.5 & wait $!; done\n"
-    )
-    script.chmod(0o755)
+    script, log = trap_job_script(tmp_path)
     a = lab.sbatch("-N1", "-w", "gpu-1", "--requeue", "-o", "/dev/null", str(script))
     try:
         wait_for(lambda: lab.jobs()[a]["job_state"] == "RUNNING", 30, "job running")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from remediation.warmfence import WarmFence
-from tests.runbook.conftest import REPO, run_playbook
+from tests.runbook.conftest import REPO, run_playbook, trap_job_script
 from tests.runbook.test_playbooks import fault_vars
 from tests.support import wait_for
 
@@ -90,14 +90,7 @@ def test_the_warm_fence_signals_the_jobs_once_and_the_play_still_requeues_them(
     """Issue 18: SIGTERM at the warm fence, ~2 s before the play's fence step, and the requeue the
     moment the job has left, before the play even starts. The play's steps find both in the
     run's signal ledger: the job is signalled once, requeued once, and reported requeued."""
-    log = tmp_path / "term.log"
-    script = tmp_path / "trap.sh"
-    script.write_text(
-        "#!/bin/bash\n"
-        f"trap 'echo TERM $SLURM_JOB_ID >> {log}; exit 0' TERM\n"
-        "while true; do sleep 0.5 & wait $!; done\n"
-    )
-    script.chmod(0o755)
+    script, log = trap_job_script(tmp_path)
     events, ledger = tmp_path / "events.jsonl", tmp_path / "signalled.json"
     extra = {
         **fault_vars(lab, "gpu-4", "inc-sig", autoheal_backend="none"),

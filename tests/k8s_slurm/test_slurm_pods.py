@@ -182,10 +182,16 @@ def test_pulumi_up_on_real_nodes_then_sbatch_over_ssh_runs_in_the_slurmd_pods(tm
 
         # a pod that never becomes Ready is explained: pod, container, state and its last log lines
         _crashing_pod(cfg, next(c["image"] for c in pods[0]["spec"]["containers"]))
-        # (between restarts a crashing container without a readiness probe is briefly Ready)
+        # (between restarts a crashing container without a readiness probe is briefly Ready, and the
+        # kubelet serves a run's log lines before its status sync reports that the run exited)
         text = wait_for(
             lambda: next(
-                (t for t in [podreport.report(cfg.kubeconfig, ["default"])] if "boom: 3" in t), None
+                (
+                    t
+                    for t in [podreport.report(cfg.kubeconfig, ["default"])]
+                    if "boom: 3" in t and "exit" in t
+                ),
+                None,
             ),
             90,
             "the crash report",

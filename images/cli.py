@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autoheal.cli import JsonOpt
+from autoheal.imagelock import LOCK_FILE, write_lock
+from autoheal.paths import data_root
 from images.build import BuiltImage, build
 from images.recipes import RECIPES
 
@@ -32,6 +37,18 @@ def _table(imgs: list[BuiltImage], pushed: dict[str, str]) -> Table:
     return t
 
 
+def default_lock() -> Path:
+    """`images.lock.json` in the Pulumi project folder, where the stack's `__main__.py` reads it."""
+    return data_root() / LOCK_FILE
+
+
+def record_lock(path: Path, imgs: Sequence[BuiltImage], pushed: Mapping[str, str]) -> dict[str, str]:
+    """Write what this build produced to the lock file the stack takes its default images from:
+    the pushed reference where an image was pushed (what the cluster can pull), else the local
+    one, both by digest. Returns the lock's images (earlier entries of images not built kept)."""
+    return write_lock(path, {i.name: pushed.get(i.name, i.ref) for i in imgs})
+
+
 @images_app.command("build")
 def images_build(
     image: Annotated[
@@ -41,14 +58,28 @@ def images_build(
     push: Annotated[
         str | None,
         typer.Option(
-            "--push", help="Then push them to this registry (host[:port][/path]), digests unchanged."
+            "--push",
+            # escaped: Typer renders help as Rich markup, where "[/path]" would be a closing tag
+            help=escape("Then push them to this registry (host[:port][/path]), digests unchanged."),
         ),
     ] = None,
     tls_verify: Annotated[bool, typer.Option(help="Verify the registry's TLS certificate.")] = True,
     rebuild: Annotated[bool, typer.Option(help="Ignore the cache and build again.")] = False,
+    lock: Annotated[
+        Path | None,
+        typer.Option(
+            "--lock",
+            help=f"Record the references by digest (the pushed ones with --push) in this file; "
+            f"default: {LOCK_FILE} in the Pulumi project folder, where the stack takes its "
+            "default images from.",
+            dir_okay=False,
+        ),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Build the images (cached: only a changed input rebuilds), optionally push them."""
+    """Build the images (cached: only a changed input rebuilds), optionally push them, and record
+    their references by digest in the lock file the stack defaults to."""
+    lock_path = lock or default_lock()  # before a build of minutes: no data root fails now
     imgs = build(image, lambda m: console.print(f"[dim]images[/dim] {m}"), rebuild=rebuild)
     pushed: dict[str, str] = {}
     if push:
@@ -57,6 +88,8 @@ def images_build(
         for i in imgs:
             pushed[i.name] = push_one(i, push, tls_verify)
             console.print(f"[dim]images[/dim] pushed {pushed[i.name]}")
+    locked = record_lock(lock_path, imgs, pushed)
+    console.print(f"[dim]images[/dim] recorded in {lock_path}: {', '.join(sorted(locked))}")
     if json_:
         print(
             json.dumps(

@@ -83,12 +83,11 @@ PolicyPack(
             "Alertmanager authenticates to the runner with a token from a Secret.",
             webhook_requires_token,
         ),
+        # mandatory: the stack's images default to the digests `autoheal images build` locked
         _resource_policy(
             "images-pinned-by-digest",
             "Every container image is named by digest (repo@sha256:...), never by a tag alone.",
             images_pinned_by_digest,
-            # advisory until the stack's default images are digests (policy/rules.py)
-            EnforcementLevel.ADVISORY,
         ),
     ],
 )

@@ -12,9 +12,12 @@ The rules, and why:
   on a PersistentVolumeClaim, or a pod restart loses the job queue (or the incident record).
 * No wildcard RBAC: `*` in apiGroups, resources, verbs or nonResourceURLs grants more than anyone
   reviewed; the runner's role lists its verbs.
-* Images are pinned by digest (`images-pinned-by-digest`): a tag can move under a running pool.
-  Advisory in the pack for now: the stack's default images (ghcr.io tags) are not digests yet;
-  the lab's real-node stack already runs the digests `autoheal images build` produced.
+* Images are pinned by digest (`images-pinned-by-digest`): a tag can move under a running pool,
+  so two nodes of one pool could run different code. The stack's images default to the digests
+  `autoheal images build` recorded in `images.lock.json`; without one they are tags, and the
+  violation names the stack config key that sets each container's image (or the build to run).
+  dcgm-exporter is NVIDIA's image, whose digest nobody here can know offline: the stack must
+  name it by digest or leave dcgm-exporter to the GPU Operator.
 * The webhook requires a token: every Alertmanager webhook receiver authenticates with a token
   read from a Secret (a file or a Secret key selector, never inline), and the runner is given its
   token from a Secret.
@@ -28,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from autoheal.imagelock import pinned_by_digest
 from autoheal.labels import (
     ALERTMANAGER_CONFIG_LABEL,
     COMPONENT_LABEL,
@@ -307,11 +311,38 @@ def webhook_requires_token(resource_type: str, props: Mapping[str, Any]) -> list
 # --- images pinned by digest ----------------------------------------------------------------
 
 
-def _digest_pinned(image: str) -> bool:
-    """`repo@sha256:<64 hex>`: the registry cannot hand a node something else under that name."""
-    _, at, digest = image.partition("@")
-    algo, _, hex_ = digest.partition(":")
-    return bool(at) and algo == "sha256" and len(hex_) == 64 and all(c in "0123456789abcdef" for c in hex_)
+# Which stack config key sets a container's image, by the workload's component label (the values
+# components/ give base_labels) and, for munge, the container's name: the violation names the fix.
+_IMAGE_KEYS = {
+    SLURMCTLD_COMPONENT: "slurm.images.controller",
+    "login": "slurm.images.login",
+    "slurmd": "slurm.images.slurmd",
+    RUNNER_COMPONENT: "runner.image",  # its munge containers too: the runner image has munge
+    "xid-watcher": "monitoring.watcherImage",
+    "gpu-metrics": "monitoring.dcgmImage",
+}
+_SLURM_COMPONENTS = frozenset({SLURMCTLD_COMPONENT, "login", "slurmd"})
+_MUNGE_CONTAINERS = frozenset({"munge-key", "munged"})
+_BUILD_FIX = (
+    "run `autoheal images build --push REGISTRY` (the stack defaults to the images.lock.json it writes)"
+)
+
+
+def _image_fix(component: Any, container: Any) -> str:
+    """How to pin this container's image: the stack config key to set and where a digest comes from."""
+    if component in _SLURM_COMPONENTS and container in _MUNGE_CONTAINERS:
+        key = "slurm.images.munge"
+    elif isinstance(component, str) and component in _IMAGE_KEYS:
+        key = _IMAGE_KEYS[component]
+    else:  # not one of the stack's own workloads
+        return "name it as repo@sha256:<digest>"
+    if key == "monitoring.dcgmImage":
+        return (
+            f"set autoheal:{key} to NVIDIA's dcgm-exporter by digest "
+            "(nvcr.io/nvidia/k8s/dcgm-exporter@sha256:...), or autoheal:monitoring.dcgmExporter: false "
+            "where the GPU Operator runs dcgm-exporter"
+        )
+    return f"set autoheal:{key} to a reference by digest (repo@sha256:...), or {_BUILD_FIX}"
 
 
 def images_pinned_by_digest(resource_type: str, props: Mapping[str, Any]) -> list[str]:
@@ -319,16 +350,17 @@ def images_pinned_by_digest(resource_type: str, props: Mapping[str, Any]) -> lis
     move, so two nodes of one pool could run different code and a rollback is not a rollback."""
     if resource_type not in WORKLOAD_TYPES:
         return []
-    name, _, _ = _meta(props)
+    name, labels, _ = _meta(props)
     spec = _pod_spec(resource_type, props)
     found = []
     for field in ("initContainers", "containers"):
-        for c in _seq(spec.get(field)):
-            image = _map(c).get("image")
-            if isinstance(image, str) and not _digest_pinned(image):
+        for c in map(_map, _seq(spec.get(field))):
+            image = c.get("image")
+            if isinstance(image, str) and not pinned_by_digest(image):
+                fix = _image_fix(labels.get(COMPONENT_LABEL), c.get("name"))
                 found.append(
-                    f"{name}: container {_map(c).get('name', '?')} image {image!r} is not pinned by "
-                    "digest; use repo@sha256:... (`autoheal images build` prints the references)"
+                    f"{name}: container {c.get('name', '?')} image {image!r} is not pinned by digest "
+                    f"(a tag can move under a running pool); {fix}"
                 )
     return found
 
@@ -338,6 +370,7 @@ RESOURCE_RULES = {
     "controller-state-persistent": controller_state_is_persistent,
     "no-wildcard-rbac": no_wildcard_rbac,
     "webhook-requires-token": webhook_requires_token,
+    "images-pinned-by-digest": images_pinned_by_digest,
 }
 STACK_RULE = "gpu-pools-have-a-runner"
 

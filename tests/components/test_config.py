@@ -1,5 +1,6 @@
 """Stack config validation: a wrong value fails with a message naming the key and the expected
-type; the shipped stack files are valid; Pulumi.yaml's schema and the model agree."""
+type; the shipped stack files are valid; Pulumi.yaml's schema and the model agree; the images the
+config does not name come from the lock file `autoheal images build` writes."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from components.config import (
     StackConfig,
     load_runner_files,
     parse_stack_config,
+    read_image_lock,
     read_stack_config,
+    with_locked_images,
 )
 from tests.components.harness import ROOT, Recorded, lab_stack_raw, run_program
 
@@ -162,3 +165,65 @@ def test_main_reports_a_bad_value_as_a_run_error_naming_the_key():
     bad = {**lab_stack_raw(), "pools": [{"name": "h100", "size": "four"}]}
     with pytest.raises(pulumi.RunError, match=r"autoheal:pools\[0\]\.size: expected an integer"):
         _run_main(bad)
+
+
+# --- the image lock file -------------------------------------------------------------------------
+
+SLURM_REF = "reg.example.com/t/autoheal-slurm@sha256:" + "2" * 64
+RUNNER_REF = "reg.example.com/t/autoheal-runner@sha256:" + "3" * 64
+MINE = "reg.example.com/mine/img@sha256:" + "4" * 64
+
+
+def _write_lock(root, doc: Any) -> None:
+    (root / "images.lock.json").write_text(doc if isinstance(doc, str) else json.dumps(doc))
+
+
+def test_the_lock_file_fills_the_images_the_config_does_not_name(tmp_path):
+    _write_lock(tmp_path, {"version": 1, "images": {"slurm": SLURM_REF, "runner": RUNNER_REF}})
+    raw = {"cluster": CLUSTER, "pools": [POOL], "slurm": {"images": {"login": MINE}}}
+    cfg = with_locked_images(read_stack_config(_pulumi_get(raw)), read_image_lock(tmp_path))
+    images = cfg.slurm.images
+    assert (images.controller, images.slurmd, images.munge) == (SLURM_REF,) * 3
+    assert images.login == MINE  # explicit config wins
+    assert cfg.runner.image == RUNNER_REF and cfg.monitoring.watcher_image == RUNNER_REF
+    assert cfg.monitoring.dcgm_image is None  # NVIDIA's image is not ours to lock
+
+
+def test_explicit_runner_and_watcher_images_win_over_the_lock():
+    raw = {
+        "cluster": CLUSTER,
+        "pools": [POOL],
+        "runner": {"image": MINE},
+        "monitoring": {"watcherImage": MINE},
+        "slurm": {"images": dict.fromkeys(("controller", "slurmd", "login", "munge"), MINE)},
+    }
+    cfg = read_stack_config(_pulumi_get(raw))
+    assert with_locked_images(cfg, {"slurm": SLURM_REF, "runner": RUNNER_REF}) == cfg
+
+
+def test_without_a_lock_file_the_config_keeps_its_defaults(tmp_path):
+    cfg = read_stack_config(_pulumi_get({"cluster": CLUSTER, "pools": [POOL]}))
+    assert read_image_lock(tmp_path) == {}
+    assert with_locked_images(cfg, read_image_lock(tmp_path)) == cfg
+    assert cfg.runner.image is None and cfg.slurm.images.slurmd is None
+
+
+@pytest.mark.parametrize(
+    ("doc", "named"),
+    [
+        ('{"version": 1, "images": {', "not valid JSON"),
+        ([], "expected a JSON object"),
+        ({"version": 2, "images": {}}, "version: expected 1, got 2"),
+        ({"images": {}}, "version: expected 1, got None"),
+        ({"version": 1, "images": ["slurm"]}, "images: expected an object"),
+        ({"version": 1, "images": {"slurm": "ghcr.io/autoheal/slurm:24.11"}}, "images.slurm: expected a ref"),
+        ({"version": 1, "images": {"runner": 7}}, "images.runner: expected a reference by digest"),
+        ({"version": 1, "images": {}, "digests": {}}, "digests: unknown key"),
+    ],
+)
+def test_a_malformed_lock_file_is_a_config_error_naming_the_file_and_the_key(tmp_path, doc, named):
+    _write_lock(tmp_path, doc)
+    with pytest.raises(ConfigError) as exc:
+        read_image_lock(tmp_path)
+    msg = str(exc.value)
+    assert msg.startswith(f"{tmp_path / 'images.lock.json'}: ") and named in msg, msg

@@ -6,6 +6,10 @@ its project schema only checks top-level types. So `__main__.py` reads the known
 module decodes and validates them with pydantic; a mistake fails the preview with a message that
 names the key as the user typed it (`autoheal:pools[0].size`) and the type that was expected.
 Components never see this module: `__main__.py` turns the validated model into their plain args.
+
+The images the config does not name come from the lock file `autoheal images build` writes
+(autoheal/imagelock.py, `with_locked_images`): references by digest, which the policy pack
+requires, without copying digests into every stack file.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoheal.errors import ConfigError
+from autoheal.imagelock import LOCK_FILE, read_lock
 from autoheal.names import is_node_name
 
 PROJECT = "autoheal"
@@ -103,6 +108,8 @@ class PoolConfig(_Model):
 
 
 class SlurmImagesConfig(_Model):
+    """Unset: the lock file's `slurm` image, else components/slurm's tag default."""
+
     controller: str | None = None
     slurmd: str | None = None
     login: str | None = None
@@ -118,6 +125,33 @@ class SlurmStorageConfig(_Model):
     shared_access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = Field(
         default="ReadWriteMany", alias="sharedAccessMode"
     )
+
+
+class SoftwareVolumeConfig(_Model):
+    """A read-only software tree for the jobs (components/slurm/storage.py): a claim or a host path."""
+
+    name: str = Field(pattern=r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")
+    mount_path: str = Field(alias="mountPath", pattern=r"^/[^\s]*$")
+    claim: str | None = None
+    host_path: str | None = Field(default=None, alias="hostPath", pattern=r"^/[^\s]*$")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SoftwareVolumeConfig:
+        if (self.claim is None) == (self.host_path is None):
+            raise ValueError(f"software volume {self.name!r}: give exactly one of claim and hostPath")
+        if self.name in (
+            "home",
+            "checkpoints",
+            "spool",
+            "slurm-config",
+            "munge-key",
+            "munge-etc",
+            "munge-socket",
+        ):
+            raise ValueError(
+                f"software volume {self.name!r}: the name is taken by a Slurm volume; pick another"
+            )
+        return self
 
 
 class SlurmConfig(_Model):
@@ -138,15 +172,24 @@ class SlurmConfig(_Model):
     tolerate_taints: list[TaintConfig] = Field(default_factory=list, alias="tolerateTaints")
     # labels a node must carry to run slurmctld and login (system nodes; the lab: its real nodes)
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    # read-only software trees mounted in the login and slurmd pods (the jobs' Python and PyTorch)
+    software: list[SoftwareVolumeConfig] = Field(default_factory=list)
 
 
 class MonitoringConfig(_Model):
     prometheus_operator: bool = Field(default=False, alias="prometheusOperator")
+    # dcgm-exporter's image, by digest (the default is NVIDIA's tag: the policy pack refuses it)
     dcgm_image: str | None = Field(default=None, alias="dcgmImage")
     # False where something else runs dcgm-exporter (the GPU Operator; the lab's GPU simulator)
     dcgm_exporter: bool = Field(default=True, alias="dcgmExporter")
-    # the XID watchers' image (the runner's; default ghcr.io/autoheal/runner:<version>)
+    # the XID watchers' image (the runner's: the lock file's, else ghcr.io/autoheal/runner:<version>)
     watcher_image: str | None = Field(default=None, alias="watcherImage")
+    # where the XID watchers post (Alertmanager's base URL; default the Prometheus Operator's)
+    alertmanager_url: str | None = Field(default=None, alias="alertmanagerUrl", pattern=r"^https?://\S+$")
+    # a node directory of simulated kernel logs (<node>/kmsg) instead of /dev/kmsg: the lab's
+    watcher_kernel_log_dir: str | None = Field(default=None, alias="watcherKernelLogDir", pattern=r"^/\S*$")
+    watcher_resend_seconds: float = Field(default=60.0, gt=0, alias="watcherResendSeconds")
+    watcher_hold_seconds: float = Field(default=300.0, gt=0, alias="watcherHoldSeconds")
     alertmanager_secrets_dir: str = Field(default="/etc/alertmanager/secrets", alias="alertmanagerSecretsDir")
 
 
@@ -160,6 +203,10 @@ class RunnerConfig(_Model):
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
         default="ClusterIP", alias="serviceType"
     )
+    # the Service's node port when serviceType is NodePort (none: Kubernetes picks one)
+    node_port: int | None = Field(default=None, ge=30000, le=32767, alias="nodePort")
+    # reach slurmctld from the runner's pod (munge sidecar + the cluster's slurm.conf and key)
+    slurm_access: bool = Field(default=True, alias="slurmAccess")
     journal_size: str = Field(default="1Gi", alias="journalSize")
     journal_storage_class: str | None = Field(default=None, alias="journalStorageClass")
     settings: dict[str, Any] = Field(default_factory=dict)
@@ -266,6 +313,31 @@ def read_stack_config(get: Callable[[str], str | None]) -> StackConfig:
                 "(set structured values in Pulumi.<stack>.yaml or with `pulumi config set --path`)"
             ) from None
     return parse_stack_config(raw)
+
+
+def read_image_lock(root: Path) -> dict[str, str]:
+    """The references by digest in the project's lock file (`autoheal images build` writes it);
+    none without one: the tag defaults stay, and the policy pack refuses them, naming the fix."""
+    return read_lock(root / LOCK_FILE) or {}
+
+
+def with_locked_images(cfg: StackConfig, locked: Mapping[str, str]) -> StackConfig:
+    """`cfg` with the lock's images where the config names none: the `slurm` image for Slurm's
+    controller, slurmd, login and munge, the `runner` image for the runner and the XID watchers
+    (which run from it). An image the config names always wins, so a stack file can pin one
+    image by hand and leave the others to the builder."""
+    slurm_ref, runner_ref = locked.get("slurm"), locked.get("runner")
+    images = cfg.slurm.images
+    if slurm_ref:
+        unset = {k: slurm_ref for k, v in images.model_dump().items() if v is None}
+        images = images.model_copy(update=unset)
+    runner, monitoring = cfg.runner, cfg.monitoring
+    if runner_ref and runner.image is None:
+        runner = runner.model_copy(update={"image": runner_ref})
+    if runner_ref and monitoring.watcher_image is None:
+        monitoring = monitoring.model_copy(update={"watcher_image": runner_ref})
+    slurm = cfg.slurm.model_copy(update={"images": images})
+    return cfg.model_copy(update={"slurm": slurm, "runner": runner, "monitoring": monitoring})
 
 
 def resolve_path(root: Path, value: str) -> Path:

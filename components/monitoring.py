@@ -63,6 +63,9 @@ class GpuMonitoringArgs:
     # where the XID watchers post (Alertmanager's base URL), and the image they run from
     alertmanager_url: pulumi.Input[str] = DEFAULT_ALERTMANAGER_URL
     watcher_image: str = DEFAULT_WATCHER_IMAGE
+    watcher_kernel_log_dir: str | None = None  # components.xid_watcher.XidWatcherArgs.kernel_log_dir
+    watcher_resend_seconds: float = 60.0
+    watcher_hold_seconds: float = 300.0
     # False where something else runs dcgm-exporter (the GPU Operator; the lab's GPU simulator)
     dcgm_exporter: bool = True
 
@@ -141,7 +144,14 @@ class GpuMonitoring(pulumi.ComponentResource):
         self.xid_watcher = xid_watcher(
             self,
             name,
-            XidWatcherArgs(args.namespace, args.alertmanager_url, args.watcher_image),
+            XidWatcherArgs(
+                args.namespace,
+                args.alertmanager_url,
+                args.watcher_image,
+                kernel_log_dir=args.watcher_kernel_log_dir,
+                resend_seconds=args.watcher_resend_seconds,
+                hold_seconds=args.watcher_hold_seconds,
+            ),
             skip,
         )
         self.rules = render_xid_rules()

@@ -48,6 +48,7 @@ from components import kube
 from components.common import SecretRef, Taint, await_annotations, base_labels, child, content_hash
 from components.runner_pod import (
     DATA_ROOT,
+    RUN_AS,
     SLURM_DIR,
     RunnerPodArgs,
     RunnerResources,
@@ -118,6 +119,7 @@ class RemediationRunnerArgs:
     journal_storage_class: str | None = None
     event_namespace: str = "default"  # where the audit role writes its Events (audit_event_namespace)
     service_type: str = "ClusterIP"
+    node_port: int | None = None  # with service_type NodePort: the port on every node (None: any)
     token_bytes: int = 32
     wait_for_rollout: bool = True
     # the path to slurmctld (munge sidecar + slurm.conf); None: a runner without Slurm access
@@ -149,6 +151,8 @@ class RemediationRunnerArgs:
             self.postgres.validate()
         if not self.webhook_path.startswith("/"):
             raise ValueError(f"webhook_path must start with '/', got {self.webhook_path!r}")
+        if self.node_port is not None and self.service_type != "NodePort":
+            raise ValueError(f"node_port needs service_type='NodePort', got {self.service_type!r}")
         if self.token_bytes < 16:
             raise ValueError(f"token_bytes must be at least 16, got {self.token_bytes}")
         for fname in self.playbooks:
@@ -349,7 +353,7 @@ class RemediationRunner(pulumi.ComponentResource):
         pod = k8s.core.v1.PodSpecArgs(
             service_account_name=self.service_account_name,
             automount_service_account_token=True,  # its identity: remediation/incluster.py
-            security_context=pod_security(),
+            security_context=pod_security(_pod_args(a).uid),
             init_containers=munge_containers(a.image) if files.slurm is not None else None,
             containers=[runner_container(_pod_args(a))],
             volumes=volumes,
@@ -378,7 +382,11 @@ class RemediationRunner(pulumi.ComponentResource):
             spec=k8s.core.v1.ServiceSpecArgs(
                 type=args.service_type,
                 selector=self.labels,
-                ports=[k8s.core.v1.ServicePortArgs(name="http", port=args.service_port, target_port="http")],
+                ports=[
+                    k8s.core.v1.ServicePortArgs(
+                        name="http", port=args.service_port, target_port="http", node_port=args.node_port
+                    )
+                ],
             ),
             opts=child(self),
         )
@@ -459,6 +467,7 @@ def _pod_args(args: RemediationRunnerArgs) -> RunnerPodArgs:
         journal_dir=JOURNAL_DIR,
         dry_run=args.dry_run,
         slurm=args.slurm is not None,
+        uid=args.slurm.uid if args.slurm is not None else RUN_AS,
         resources=args.resources,
         postgres_password=args.postgres.password if args.journal == "postgres" and args.postgres else None,
     )

@@ -36,7 +36,9 @@ SLURM_DIR = "/etc/slurm"
 MUNGE_SECRET_DIR = "/etc/munge-secret"  # noqa: S105 (a path, not a secret)
 MUNGE_KEY_DIR = "/run/munge-key"
 MUNGE_SOCKET_DIR = "/run/munge"  # Slurm's auth/munge and munge's clients look here by default
-RUN_AS = 10001
+RUN_AS = 10001  # the runner without Slurm access: a uid of its own
+# Debian's fixed uid of the `slurm` user (base-passwd), the same in the slurm and runner images
+SLURM_USER_UID = 64030
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,10 @@ class RunnerSlurmArgs:
 
     config: Mapping[str, pulumi.Input[str]]
     munge_key_base64: pulumi.Input[str]
+    # The uid the runner runs as: the cluster's SlurmUser. Without slurmdbd (no AdminLevel for a
+    # user of our own) only root and SlurmUser may drain, resume or requeue another user's work
+    # ("Invalid user id" otherwise), and munge vouches for the caller's uid; SlurmUser, never root.
+    uid: int = SLURM_USER_UID
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,7 @@ class RunnerPodArgs:
     dry_run: bool
     slurm: bool
     resources: RunnerResources = field(default_factory=RunnerResources)
+    uid: int = RUN_AS  # RunnerSlurmArgs.uid with Slurm access
     postgres_password: SecretRef | None = None  # the PostgreSQL journal's password (PGPASSWORD)
 
 
@@ -96,7 +103,15 @@ def runner_container(a: RunnerPodArgs) -> k8s.core.v1.ContainerArgs:
         kube.env("AUTOHEAL_DRY_RUN", str(a.dry_run).lower()),
         kube.env("ANSIBLE_CONFIG", f"{DATA_ROOT}/ansible.cfg"),
         kube.env("HOME", SCRATCH_DIR),  # ansible-galaxy's and Ansible's per-user files
+        # RUN_AS has no passwd entry in the image: Ansible asks getpass.getuser() at import,
+        # which reads these before it looks the uid up (and fails: "No username set")
+        kube.env("USER", _user(a.uid)),
+        kube.env("LOGNAME", _user(a.uid)),
         kube.env("ANSIBLE_LOCAL_TEMP", f"{SCRATCH_DIR}/ansible-tmp"),
+        # the plays' "remote" is this pod: an absolute path, not ~USER (no home to expand to)
+        kube.env("ANSIBLE_REMOTE_TMP", f"{SCRATCH_DIR}/ansible-remote"),
+        # background tasks' status files: ~ of a system user is its passwd home (/nonexistent)
+        kube.env("ANSIBLE_ASYNC_DIR", f"{SCRATCH_DIR}/ansible-async"),
         # leader election's identity and the Lease's namespace (remediation/leader.py)
         kube.field_env("POD_NAME", "metadata.name"),
         kube.field_env("POD_NAMESPACE", "metadata.namespace"),
@@ -183,9 +198,13 @@ def munge_containers(image: str) -> list[k8s.core.v1.ContainerArgs]:
     return [copy, munged]
 
 
-def pod_security() -> k8s.core.v1.PodSecurityContextArgs:
+def _user(uid: int) -> str:
+    return "slurm" if uid == SLURM_USER_UID else "autoheal"
+
+
+def pod_security(uid: int = RUN_AS) -> k8s.core.v1.PodSecurityContextArgs:
     return k8s.core.v1.PodSecurityContextArgs(
-        run_as_non_root=True, run_as_user=RUN_AS, run_as_group=RUN_AS, fs_group=RUN_AS
+        run_as_non_root=True, run_as_user=uid, run_as_group=uid, fs_group=uid
     )
 
 

@@ -19,7 +19,8 @@ from components.config import PoolConfig, StackConfig, resolve_path
 from components.monitoring import DEFAULT_DCGM_IMAGE, GpuMonitoring, GpuMonitoringArgs
 from components.nodepool import EksNodeGroupArgs, GpuNodePool, GpuNodePoolArgs
 from components.runner import RemediationRunner, RemediationRunnerArgs
-from components.slurm import SlurmCluster, SlurmClusterArgs, SlurmImages, SlurmStorage
+from components.runner_pod import RunnerSlurmArgs
+from components.slurm import SlurmCluster, SlurmClusterArgs, SlurmImages, SlurmStorage, SoftwareVolume
 
 
 @dataclass
@@ -42,7 +43,9 @@ def build_stack(
     k8s_opts = pulumi.ResourceOptions(provider=cluster.provider)
     pools = [GpuNodePool(f"pool-{p.name}", pool_args(p, cluster), opts=k8s_opts) for p in cfg.pools]
     slurm = SlurmCluster("slurm", slurm_args(cfg, pools), opts=k8s_opts)
-    runner = RemediationRunner("runner", runner_args(cfg, cluster, rules_yaml, playbooks), opts=k8s_opts)
+    runner = RemediationRunner(
+        "runner", runner_args(cfg, cluster, rules_yaml, playbooks, slurm), opts=k8s_opts
+    )
     monitoring = GpuMonitoring("monitoring", monitoring_args(cfg, cluster, runner), opts=k8s_opts)
     stack = Stack(cluster, pools, slurm, runner, monitoring)
     export_outputs(stack)
@@ -125,12 +128,22 @@ def slurm_args(cfg: StackConfig, pools: list[GpuNodePool]) -> SlurmClusterArgs:
         wait_for_rollout=cfg.wait_for_rollout if sc.wait_for_rollout is None else sc.wait_for_rollout,
         tolerate=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in sc.tolerate_taints),
         node_selector=dict(sc.node_selector),
+        software=tuple(
+            SoftwareVolume(name=v.name, mount_path=v.mount_path, claim=v.claim, host_path=v.host_path)
+            for v in sc.software
+        ),
     )
 
 
 def runner_args(
-    cfg: StackConfig, cluster: KubernetesCluster, rules_yaml: str, playbooks: Mapping[str, str]
+    cfg: StackConfig,
+    cluster: KubernetesCluster,
+    rules_yaml: str,
+    playbooks: Mapping[str, str],
+    slurm: SlurmCluster | None = None,
 ) -> RemediationRunnerArgs:
+    """The runner's pod: with `slurm` (and slurmAccess, the default) it reaches that cluster's
+    slurmctld through a munge sidecar with the cluster's key and slurm.conf."""
     rc = cfg.runner
     args = RemediationRunnerArgs(
         namespace=cluster.namespace,
@@ -143,11 +156,20 @@ def runner_args(
         journal_size=rc.journal_size,
         journal_storage_class=rc.journal_storage_class,
         service_type=rc.service_type,
+        node_port=rc.node_port,
         wait_for_rollout=cfg.wait_for_rollout,
+        slurm=slurm_access(slurm) if slurm is not None and rc.slurm_access else None,
         tolerate=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in rc.tolerate_taints),
         node_selector=dict(rc.node_selector),
     )
     return dataclasses.replace(args, image=rc.image) if rc.image else args
+
+
+def slurm_access(slurm: SlurmCluster) -> RunnerSlurmArgs:
+    """What a Slurm client outside Slurm's namespace needs: slurm.conf and the munge key."""
+    return RunnerSlurmArgs(
+        config={"slurm.conf": slurm.slurm_conf}, munge_key_base64=slurm.config.munge_key_base64
+    )
 
 
 def monitoring_args(
@@ -160,6 +182,10 @@ def monitoring_args(
         namespace=cluster.namespace,
         dcgm_image=mc.dcgm_image or DEFAULT_DCGM_IMAGE,
         **({"watcher_image": mc.watcher_image} if mc.watcher_image else {}),
+        **({"alertmanager_url": mc.alertmanager_url} if mc.alertmanager_url else {}),
+        watcher_kernel_log_dir=mc.watcher_kernel_log_dir,
+        watcher_resend_seconds=mc.watcher_resend_seconds,
+        watcher_hold_seconds=mc.watcher_hold_seconds,
         dcgm_exporter=mc.dcgm_exporter,
         prometheus_operator=mc.prometheus_operator,
         alertmanager_secrets_dir=mc.alertmanager_secrets_dir,

@@ -33,11 +33,19 @@ DEFAULT_ALERTMANAGER_URL = "http://alertmanager-operated.monitoring.svc:9093"
 WATCHER_LABELS = base_labels("xid-watcher", "xid-watcher")
 
 
+KERNEL_LOG_DIR = "/var/run/autoheal-kernel-log"  # where kernel_log_dir is mounted in the pod
+
+
 @dataclass(frozen=True)
 class XidWatcherArgs:
     namespace: pulumi.Input[str]
     alertmanager_url: pulumi.Input[str] = DEFAULT_ALERTMANAGER_URL
     image: str = DEFAULT_WATCHER_IMAGE
+    # None: the node's kernel log (/dev/kmsg). A directory of the node holding <node>/kmsg and
+    # <node>/gpus.csv instead: where a GPU simulator writes each node's driver lines (the lab)
+    kernel_log_dir: str | None = None
+    resend_seconds: float = 60.0  # re-post a still-active alert this often
+    hold_seconds: float = 300.0  # an alert ends this long after its last kernel line
 
 
 def xid_watcher(
@@ -50,7 +58,12 @@ def xid_watcher(
         tolerations=[k8s.core.v1.TolerationArgs(operator="Exists")],
         containers=[_container(args)],
         volumes=[
-            k8s.core.v1.VolumeArgs(name="kmsg", host_path=host(path=KMSG, type="CharDevice")),
+            k8s.core.v1.VolumeArgs(
+                name="kmsg",
+                host_path=host(path=KMSG, type="CharDevice")
+                if args.kernel_log_dir is None
+                else host(path=args.kernel_log_dir, type="Directory"),
+            ),
             k8s.core.v1.VolumeArgs(
                 name="state", host_path=host(path=STATE_HOST_DIR, type="DirectoryOrCreate")
             ),
@@ -67,17 +80,32 @@ def xid_watcher(
     )
 
 
+def _sources(args: XidWatcherArgs) -> tuple[str, str, str]:
+    """(where /dev/kmsg's volume is mounted, the kernel log path, the GPU map) of the container.
+    A kernel-log directory holds one folder per node: $(NODE_NAME) is expanded by the kubelet."""
+    if args.kernel_log_dir is None:
+        return KMSG, KMSG, "auto"
+    node = f"{KERNEL_LOG_DIR}/$(NODE_NAME)"
+    return KERNEL_LOG_DIR, f"{node}/kmsg", f"file:{node}/gpus.csv"
+
+
 def _container(args: XidWatcherArgs) -> k8s.core.v1.ContainerArgs:
+    mount, path, gpu_map = _sources(args)
     return k8s.core.v1.ContainerArgs(
         name="xid-watcher",
         image=args.image,
-        command=["autoheal", "watch"],
+        command=[
+            "autoheal",
+            "watch",
+            f"--resend-seconds={args.resend_seconds:g}",
+            f"--hold-seconds={args.hold_seconds:g}",
+        ],
         env=[
             kube.field_env("NODE_NAME", "spec.nodeName"),
             k8s.core.v1.EnvVarArgs(name="AUTOHEAL_ALERTMANAGER", value=args.alertmanager_url),
             kube.env("AUTOHEAL_WATCH_SOURCE", "kmsg"),
-            kube.env("AUTOHEAL_WATCH_PATH", KMSG),
-            kube.env("AUTOHEAL_WATCH_GPU_MAP", "auto"),
+            kube.env("AUTOHEAL_WATCH_PATH", path),
+            kube.env("AUTOHEAL_WATCH_GPU_MAP", gpu_map),
             kube.env("AUTOHEAL_WATCH_STATE", f"{STATE_DIR}/state.json"),
             kube.env("AUTOHEAL_WATCH_LISTEN", f"0.0.0.0:{WATCHER_PORT}"),
         ],
@@ -92,5 +120,9 @@ def _container(args: XidWatcherArgs) -> k8s.core.v1.ContainerArgs:
             requests={"cpu": "10m", "memory": "64Mi"}, limits={"memory": "256Mi"}
         ),
         liveness_probe=kube.http_probe("/healthz", WATCHER_PORT, period=20, initial=10),
-        volume_mounts=[kube.mount("kmsg", KMSG, read_only=True), kube.mount("state", STATE_DIR)],
+        # the state folder is per node even where nodes share one filesystem (the lab's)
+        volume_mounts=[
+            kube.mount("kmsg", mount, read_only=True),
+            k8s.core.v1.VolumeMountArgs(name="state", mount_path=STATE_DIR, sub_path_expr="$(NODE_NAME)"),
+        ],
     )

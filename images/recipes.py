@@ -55,7 +55,19 @@ _NO_SECRETS = 'rm -f "$1"/etc/munge/munge.key "$1"/etc/ssh/ssh_host_*'
 SLURM = Recipe(
     name="slurm",
     description="Slurm 24.11 (slurmctld, slurmd, client), munge and sshd: controller, login and GPU nodes",
-    packages=("slurmd", "slurmctld", "slurm-client", "munge", "openssh-server", "procps", "iproute2"),
+    # curl + jq: a slurmd reads its own Node (a hot spare registers drained; components/slurm/workers.py)
+    packages=(
+        "slurmd",
+        "slurmctld",
+        "slurm-client",
+        "munge",
+        "openssh-server",
+        "procps",
+        "iproute2",
+        "curl",
+        "jq",
+        "ca-certificates",
+    ),
     runtime=RuntimeConfig(cmd=["/bin/bash"], env=[_PATH]),
     hooks=(_NO_SECRETS, 'chroot "$1" slurmd -V'),
     check=(

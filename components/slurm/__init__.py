@@ -29,8 +29,8 @@ from components.slurm.controller import SlurmController, SlurmControllerArgs
 from components.slurm.layout import DEFAULT_IMAGE, STATE_DIR
 from components.slurm.login import SlurmLogin, SlurmLoginArgs
 from components.slurm.scripts import ClusterUser
-from components.slurm.storage import SlurmSharedStorage, SlurmStorage
-from components.slurm.workers import SlurmWorkers, SlurmWorkersArgs
+from components.slurm.storage import SlurmSharedStorage, SlurmStorage, SoftwareVolume
+from components.slurm.workers import SlurmWorkers, SlurmWorkersArgs, slurmd_identity
 
 __all__ = [
     "STATE_DIR",
@@ -39,6 +39,7 @@ __all__ = [
     "SlurmClusterArgs",
     "SlurmImages",
     "SlurmStorage",
+    "SoftwareVolume",
     "slurm_conf_spec",
 ]
 
@@ -68,6 +69,8 @@ class SlurmClusterArgs:
     tolerate: Sequence[Taint] = ()
     # labels a node must carry to run slurmctld and the login node (e.g. system nodes); none: any
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    # read-only software trees (the jobs' Python, PyTorch) in the login and slurmd pods
+    software: Sequence[SoftwareVolume] = ()
 
     def validate(self, name: str) -> None:
         if not self.pools:
@@ -98,7 +101,9 @@ class SlurmCluster(pulumi.ComponentResource):
         tolerations = [t.toleration() for t in args.tolerate]
         self.config = SlurmConfig(f"{name}-config", name, _config_args(args, ns), opts=child(self))
         parts = self.config.parts
-        self.storage = SlurmSharedStorage(f"{name}-storage", name, args.storage, ns, skip, opts=child(self))
+        self.storage = SlurmSharedStorage(
+            f"{name}-storage", name, args.storage, ns, skip, opts=child(self), software=args.software
+        )
         self.controller = SlurmController(
             f"{name}-controller",
             name,
@@ -118,9 +123,13 @@ class SlurmCluster(pulumi.ComponentResource):
         self.login = SlurmLogin(
             f"{name}-login", name, self._login_args(args, ns, skip, tolerations), opts=child(self)
         )
+        slurmd_sa = slurmd_identity(self, name, ns)
         self.workers = {
             p.pool.name: SlurmWorkers(
-                f"{name}-workers-{p.pool.name}", name, self._workers_args(args, p, ns, skip), opts=child(self)
+                f"{name}-workers-{p.pool.name}",
+                name,
+                self._workers_args(args, p, ns, skip, slurmd_sa),
+                opts=child(self),
             )
             for p in args.pools
         }
@@ -169,7 +178,12 @@ class SlurmCluster(pulumi.ComponentResource):
         )
 
     def _workers_args(
-        self, args: SlurmClusterArgs, placement: PoolPlacement, ns: pulumi.Input[str], skip: dict[str, str]
+        self,
+        args: SlurmClusterArgs,
+        placement: PoolPlacement,
+        ns: pulumi.Input[str],
+        skip: dict[str, str],
+        service_account: pulumi.Input[str],
     ) -> SlurmWorkersArgs:
         return SlurmWorkersArgs(
             placement=placement,
@@ -181,6 +195,7 @@ class SlurmCluster(pulumi.ComponentResource):
             shared_mounts=self.storage.mounts,
             annotations=skip,
             user=args.user,
+            service_account=service_account,
         )
 
 

@@ -114,6 +114,7 @@ class SlurmConfig(SubComponent):
     slurm_conf: str
     gres_conf: str
     parts: SlurmPodParts
+    munge_key_base64: pulumi.Output[str]  # for clients outside Slurm's namespace (the runner)
 
     def __init__(
         self, name: str, owner: str, args: SlurmConfigArgs, opts: pulumi.ResourceOptions | None = None
@@ -140,6 +141,7 @@ class SlurmConfig(SubComponent):
     def _munge_key(self, namespace: pulumi.Input[str]) -> k8s.core.v1.Secret:
         owner = self.owner
         munge_bytes = RandomSecret(f"{owner}-munge-bytes", length=1024, opts=self.adopt())
+        self.munge_key_base64 = munge_bytes.base64
         return k8s.core.v1.Secret(
             f"{owner}-munge-key",
             metadata=kube.meta("munge-key", namespace, base_labels("munge-key", "munge")),

@@ -62,3 +62,20 @@ def wait_for_munge() -> str:
 def script(*steps: str) -> list[str]:
     """`sh -ec` of the steps; the last one should `exec` the daemon so it gets the signals."""
     return ["sh", "-ec", "\n".join(steps)]
+
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def read_spare(taint_key: str) -> str:
+    """Set SPARE to how many `taint_key` taints this pod's Kubernetes node carries (1 on a hot
+    spare, else 0), read from the API server with the pod's ServiceAccount (nodes: get). A node
+    that cannot be read stops the container (`sh -e`) with curl's error: registering without
+    knowing would put work on a spare, or keep an active node from taking any."""
+    url = "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/api/v1/nodes/$NODE_NAME"
+    query = f'[.spec.taints[]? | select(.key == "{taint_key}")] | length'
+    return (
+        f"node_json=$(curl -sSf --max-time 10 --retry 5 --retry-all-errors --cacert {SA_DIR}/ca.crt "
+        f'-H "Authorization: Bearer $(cat {SA_DIR}/token)" "{url}")\n'
+        f"SPARE=$(printf '%s' \"$node_json\" | jq -r {shlex.quote(query)})"
+    )

@@ -1,11 +1,20 @@
-"""SlurmSharedStorage: /home and /checkpoints, shared by the login node and every slurmd.
+"""SlurmSharedStorage: /home and /checkpoints, shared by the login node and every slurmd, and the
+read-only software trees the researchers' jobs run.
 
 A requeued job must find its checkpoint wherever it restarts, so both are PersistentVolumeClaims
 with a shared access mode (ReadWriteMany by default), mounted at the same paths everywhere.
+
+Software (a Python environment with PyTorch, CUDA, compilers) is what HPC sites keep on a shared
+filesystem and mount on every node (`/sw`, `/opt/apps`; soperator's "jail" is the same idea): the
+slurmd image stays Slurm only, and a new environment is a new tree, not a new image pushed to
+every node. Each `SoftwareVolume` is an existing claim (an NFS or Lustre share) or, where there is
+no shared filesystem (a single-host lab), a host path; it is mounted read-only at its path in the
+login pod and every slurmd pod, so a job sees the same tree wherever it is requeued.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -27,6 +36,38 @@ class SlurmStorage:
     shared_access_mode: str = "ReadWriteMany"
 
 
+@dataclass(frozen=True)
+class SoftwareVolume:
+    """A read-only software tree mounted at `mount_path` in the login and slurmd pods: an existing
+    PersistentVolumeClaim (`claim`, in Slurm's namespace) or a directory of the node (`host_path`)."""
+
+    name: str
+    mount_path: str
+    claim: str | None = None
+    host_path: str | None = None
+
+    def validate(self) -> None:
+        if (self.claim is None) == (self.host_path is None):
+            raise ValueError(f"software volume {self.name!r}: give exactly one of claim and host_path")
+        if not self.mount_path.startswith("/"):
+            raise ValueError(
+                f"software volume {self.name!r}: mount_path must be absolute, got {self.mount_path!r}"
+            )
+
+    def volume(self) -> k8s.core.v1.VolumeArgs:
+        if self.claim is not None:
+            return k8s.core.v1.VolumeArgs(
+                name=self.name,
+                persistent_volume_claim=k8s.core.v1.PersistentVolumeClaimVolumeSourceArgs(
+                    claim_name=self.claim, read_only=True
+                ),
+            )
+        return k8s.core.v1.VolumeArgs(
+            name=self.name,
+            host_path=k8s.core.v1.HostPathVolumeSourceArgs(path=str(self.host_path), type="Directory"),
+        )
+
+
 # (claim name, volume name, mount path, size attribute of SlurmStorage)
 SHARED_VOLUMES = (
     ("slurm-home", "home", "/home", "home_size"),
@@ -46,6 +87,7 @@ class SlurmSharedStorage(SubComponent):
         namespace: pulumi.Input[str],
         annotations: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
+        software: Sequence[SoftwareVolume] = (),
     ) -> None:
         super().__init__("autoheal:slurm:SlurmSharedStorage", name, owner, opts)
         self.volumes, self.mounts = [], []
@@ -62,4 +104,8 @@ class SlurmSharedStorage(SubComponent):
             claims[volume] = pvc.metadata.name
             self.volumes.append(kube.pvc_volume(volume, pvc.metadata.name))
             self.mounts.append(kube.mount(volume, path))
-        self.register_outputs({"claims": claims})
+        for sw in software:
+            sw.validate()
+            self.volumes.append(sw.volume())
+            self.mounts.append(kube.mount(sw.name, sw.mount_path, read_only=True))
+        self.register_outputs({"claims": claims, "software": [sw.mount_path for sw in software]})

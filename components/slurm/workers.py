@@ -16,6 +16,12 @@ tolerate the pool's taints and the hot-spare taint (spares run slurmd too), and 
 of the node; each pool's gres.conf names the device files the GPU device plugin puts in the pod.
 The update strategy is `OnDelete`, so a config change never restarts slurmd under a running
 training job. The pod is Ready once slurmctld knows its node (`scontrol show node`).
+
+A node joins as what Kubernetes says it is: on a hot spare (the node carries the spare taint,
+which the pool's controller puts on new capacity) slurmd registers DRAINED with the spare reason
+autoheal owns, so the node takes work only through a promotion, and a replacement that a cloud
+brings joins the spare set by itself. slurmd reads its node with its own ServiceAccount, which may
+`get` nodes and nothing else.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import pulumi_kubernetes as k8s
 from autoheal import labels as lb
 from autoheal.slurmconf import dynamic_node_conf
 from components import kube
-from components.common import SubComponent, base_labels
+from components.common import SubComponent, base_labels, child
 from components.nodepool import PoolPlacement
 from components.slurm import scripts
 from components.slurm.config import CONFIG_VOLUME, SlurmPodParts
@@ -48,6 +54,7 @@ class SlurmWorkersArgs:
     shared_mounts: Sequence[k8s.core.v1.VolumeMountArgs]
     annotations: dict[str, str]  # on the DaemonSet (e.g. skipAwait)
     user: ClusterUser
+    service_account: pulumi.Input[str]  # may get nodes: a spare registers drained
 
 
 class SlurmWorkers(SubComponent):
@@ -78,6 +85,7 @@ def _pod(args: SlurmWorkersArgs) -> k8s.core.v1.PodSpecArgs:
     return k8s.core.v1.PodSpecArgs(
         # slurmd gets the job's grace period (KillWait) and some time to report back.
         termination_grace_period_seconds=args.grace_seconds + 30,
+        service_account_name=args.service_account,
         affinity=kube.required_node_affinity(
             [kube.node_has(k, v) for k, v in sorted(placement.selector.items())]
         ),
@@ -107,7 +115,8 @@ def _await(args: SlurmWorkersArgs) -> dict[str, str]:
 # On SIGTERM (pod deletion, drain, eviction): stop slurmd, then take the node out of Slurm, so a
 # retired Kubernetes node leaves Slurm rather than lingering DOWN. Slurm refuses to delete a node
 # that still has a job: then it stays, DOWN, for the runbook to see.
-_RUN_SLURMD = """set +e
+_RUN_SLURMD = """[ "$SPARE" = 0 ] || NODE_CONF="$NODE_CONF State=DRAIN Reason=\\"{reason}\\""
+set +e
 slurmd -D -Z -N "$NODE_NAME" --conf "$NODE_CONF" -f {conf} &
 pid=$!
 trap 'kill -TERM $pid; wait $pid; scontrol delete nodename="$NODE_NAME"; exit 0' TERM
@@ -117,8 +126,16 @@ exit $?"""
 
 def _slurmd(args: SlurmWorkersArgs) -> k8s.core.v1.ContainerArgs:
     gpus = str(args.placement.pool.gpus_per_node)
+    # Ready: slurmctld knows the node and hears from its slurmd (not NOT_RESPONDING, which a node
+    # record kept across a reboot shows until this slurmd has registered)
     known = k8s.core.v1.ProbeArgs(
-        exec_=k8s.core.v1.ExecActionArgs(command=["sh", "-c", 'scontrol show node "$NODE_NAME" >/dev/null']),
+        exec_=k8s.core.v1.ExecActionArgs(
+            command=[
+                "sh",
+                "-c",
+                'out=$(scontrol show node "$NODE_NAME") && ! echo "$out" | grep -q NOT_RESPONDING',
+            ]
+        ),
         period_seconds=5,
         timeout_seconds=5,
         failure_threshold=3,
@@ -130,7 +147,8 @@ def _slurmd(args: SlurmWorkersArgs) -> k8s.core.v1.ContainerArgs:
             scripts.ensure_user(args.user),
             f"install -d {RUN_DIR}",
             scripts.wait_for_munge(),
-            _RUN_SLURMD.format(conf=f"{CONFIG_DIR}/slurm.conf"),
+            scripts.read_spare(lb.SPARE_TAINT_KEY),
+            _RUN_SLURMD.format(conf=f"{CONFIG_DIR}/slurm.conf", reason=lb.SPARE_REASON),
         ),
         env=[
             kube.field_env("NODE_NAME", "spec.nodeName"),
@@ -144,3 +162,35 @@ def _slurmd(args: SlurmWorkersArgs) -> k8s.core.v1.ContainerArgs:
         # no TCP liveness probe (slurmd logs each empty connection): the container ends with slurmd
         readiness_probe=known,
     )
+
+
+# slurmd's identity: it reads its own Node (the spare taint) and nothing else
+SLURMD_NODE_RULES = ((("",), ("nodes",), ("get",)),)
+
+
+def slurmd_identity(parent: pulumi.Resource, owner: str, namespace: pulumi.Input[str]) -> pulumi.Output[str]:
+    """The slurmd pods' ServiceAccount, allowed to get nodes (cluster-wide: Nodes have no
+    namespace) and nothing more; returns its name."""
+    labels = base_labels("slurmd", "slurmd")
+    sa = k8s.core.v1.ServiceAccount(
+        f"{owner}-slurmd-sa", metadata=kube.meta("slurmd", namespace, labels), opts=child(parent)
+    )
+    role = k8s.rbac.v1.ClusterRole(
+        f"{owner}-slurmd-role",
+        metadata=kube.meta("autoheal-slurmd", None, labels),
+        rules=[
+            k8s.rbac.v1.PolicyRuleArgs(api_groups=list(g), resources=list(r), verbs=list(v))
+            for g, r, v in SLURMD_NODE_RULES
+        ],
+        opts=child(parent),
+    )
+    k8s.rbac.v1.ClusterRoleBinding(
+        f"{owner}-slurmd-binding",
+        metadata=kube.meta("autoheal-slurmd", None, labels),
+        role_ref=k8s.rbac.v1.RoleRefArgs(
+            api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role.metadata.name
+        ),
+        subjects=[k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=sa.metadata.name, namespace=namespace)],
+        opts=child(parent),
+    )
+    return sa.metadata.name

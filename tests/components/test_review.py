@@ -236,13 +236,15 @@ def test_markdown_summary_of_a_sample_change(repo, tmp_path):
     updated = {line.split("|")[2].strip() for line in steps[1:]}
     # The bigger pool: its description, its node group, Slurm's generated config, the pods that
     # roll with it (the config hash on their templates) and how many Ready slurmd pods `pulumi up`
-    # waits for (the DaemonSet's waitFor annotation; its pod template is unchanged).
+    # waits for (the DaemonSet's waitFor annotation; its pod template is unchanged), and the
+    # runner's copy of slurm.conf (its Slurm client must know the new partition's nodes too).
     assert updated == {
         "`pool-a100-pool`",
         "`pool-a100-nodegroup`",
         "`slurm-config`",
         "`slurm-login`",
         "`slurm-slurmd-a100`",
+        "`runner-slurm`",
     }
     assert "### Policy violations\n\nNone." in text
     assert {s.op for s in review.previews[0].plan.steps if s.name != "slurm-slurmctld"} == {UPDATE}

@@ -153,6 +153,13 @@ def test_the_pod_uses_its_service_account_has_scratch_probes_and_resources(lab):
     scratch = next(m for m in container["volumeMounts"] if m["mountPath"] == "/tmp")
     assert "emptyDir" in volumes[scratch["name"]]
     assert env_of(container)["HOME"]["value"] == "/tmp"
+    # Ansible's getpass.getuser() reads these first (without them the plays failed at import in the
+    # pods lab); with Slurm access the runner is the cluster's SlurmUser (Debian's uid 64030):
+    # without slurmdbd only root and SlurmUser may drain nodes and requeue others' jobs
+    assert env_of(container)["USER"]["value"] == env_of(container)["LOGNAME"]["value"] == "slurm"
+    assert spec["securityContext"]["runAsUser"] == 64030 and spec["securityContext"]["runAsNonRoot"]
+    for var in ("ANSIBLE_REMOTE_TMP", "ANSIBLE_ASYNC_DIR"):  # not ~: SlurmUser's home is /nonexistent
+        assert env_of(container)[var]["value"].startswith("/tmp/")
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
@@ -290,3 +297,16 @@ def test_a_postgres_url_with_a_password_is_refused():
     )
     with pytest.raises(ValueError, match="must not carry a password"):
         args.validate()
+
+
+def test_a_node_port_is_only_for_a_node_port_service():
+    from components.runner import RemediationRunner, RemediationRunnerArgs
+
+    rec = run_program(
+        lambda: RemediationRunner("runner", RemediationRunnerArgs(service_type="NodePort", node_port=30095))
+    )
+    svc = rec.one("kubernetes:core/v1:Service", "autoheal-runner")
+    assert svc.inputs["spec"]["type"] == "NodePort"
+    assert svc.inputs["spec"]["ports"][0]["nodePort"] == 30095
+    with pytest.raises(ValueError, match="node_port needs service_type='NodePort'"):
+        run_program(lambda: RemediationRunner("runner", RemediationRunnerArgs(node_port=30095)))

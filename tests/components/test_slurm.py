@@ -237,3 +237,48 @@ def test_controller_and_login_tolerate_only_the_declared_taints():
     want = [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}]
     assert pod_spec(rec.one("kubernetes:apps/v1:StatefulSet", "slurmctld"))["tolerations"] == want
     assert pod_spec(rec.one("kubernetes:apps/v1:Deployment", "slurm-login"))["tolerations"] == want
+
+
+def test_slurmd_reads_its_node_and_a_spare_registers_drained_with_autoheals_reason(lab):
+    """A node carrying the spare taint joins Slurm DRAINED (State=DRAIN in slurmd's --conf, no
+    window in which a job could land); slurmd's own ServiceAccount may get nodes, nothing else."""
+    from autoheal.labels import SPARE_REASON, SPARE_TAINT_KEY
+
+    spec = pod_spec(lab.one("kubernetes:apps/v1:DaemonSet", "slurmd-h100"))
+    assert spec["serviceAccountName"] == "slurmd"
+    script = spec["containers"][0]["command"][-1]
+    assert "/api/v1/nodes/$NODE_NAME" in script and f'select(.key == "{SPARE_TAINT_KEY}")' in script
+    assert f'[ "$SPARE" = 0 ] || NODE_CONF="$NODE_CONF State=DRAIN Reason=\\"{SPARE_REASON}\\""' in script
+    # the spare check runs before slurmd starts, under `sh -e`: an unreadable node stops the pod
+    assert script.index("SPARE=$(") < script.index("slurmd -D -Z")
+    assert spec["containers"][0]["command"][:2] == ["sh", "-ec"]
+    role = lab.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole", "autoheal-slurmd")
+    assert role.inputs["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    binding = lab.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding", "autoheal-slurmd")
+    assert binding.inputs["subjects"] == [{"kind": "ServiceAccount", "name": "slurmd", "namespace": "slurm"}]
+    # Ready only once slurmctld hears from this slurmd (a record kept across a reboot is not enough)
+    probe = spec["containers"][0]["readinessProbe"]["exec"]["command"][-1]
+    assert "NOT_RESPONDING" in probe
+
+
+def test_software_trees_are_mounted_read_only_in_login_and_slurmd():
+    from components.slurm import SoftwareVolume
+
+    rec = _one_pool_cluster(
+        software=[
+            SoftwareVolume(name="sw", mount_path="/opt/sw", claim="apps-nfs"),
+            SoftwareVolume(name="py", mount_path="/opt/py", host_path="/srv/python"),
+        ]
+    )
+    for kind, name in (
+        ("kubernetes:apps/v1:Deployment", "slurm-login"),
+        ("kubernetes:apps/v1:DaemonSet", "slurmd-a100"),
+    ):
+        spec = pod_spec(rec.one(kind, name))
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["sw"]["persistentVolumeClaim"] == {"claimName": "apps-nfs", "readOnly": True}
+        assert volumes["py"]["hostPath"] == {"path": "/srv/python", "type": "Directory"}
+        mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
+        assert mounts["/opt/sw"]["readOnly"] is True and mounts["/opt/py"]["readOnly"] is True
+    with pytest.raises(ValueError, match="exactly one of claim and host_path"):
+        _one_pool_cluster(software=[SoftwareVolume(name="x", mount_path="/x")])

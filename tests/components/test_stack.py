@@ -32,12 +32,18 @@ def test_lab_stack_declares_the_expected_resources(lab):
     assert counts["kubernetes:apps/v1:DaemonSet"] == 3  # slurmd-h100, dcgm-exporter, xid-watcher
     assert counts["kubernetes:apps/v1:StatefulSet"] == 1
     assert counts["kubernetes:apps/v1:Deployment"] == 2  # login, runner
-    assert counts["kubernetes:core/v1:ConfigMap"] == 6  # the runner's playbooks come from its image
-    assert counts["kubernetes:core/v1:Secret"] == 3  # munge key, login host key, runner token
+    # the runner's playbooks come from its image; its copy of slurm.conf and of the munge key
+    # (its path to slurmctld) are the runner's own, in its namespace
+    assert counts["kubernetes:core/v1:ConfigMap"] == 7
+    assert (
+        counts["kubernetes:core/v1:Secret"] == 4
+    )  # munge key, login host key, runner token, runner's munge key
     assert counts["pulumi-python:dynamic:Resource"] == 3  # their generators
     assert counts["kubernetes:core/v1:PersistentVolumeClaim"] == 3
     assert counts["pulumi:providers:kubernetes"] == 1
-    assert len(lab.resources) == 43  # the runner: + an events Role and its RoleBinding, - a ConfigMap
+    # slurmd's ServiceAccount, ClusterRole and binding (a spare registers drained)
+    assert counts["kubernetes:core/v1:ServiceAccount"] == 2  # the runner's, slurmd's
+    assert len(lab.resources) == 48
     assert all(not r.custom for r in lab.resources if r.type in COMPONENTS)
 
 
@@ -130,3 +136,24 @@ def test_example_eks_stack_builds_node_groups_and_passes_the_policy():
         msg for r in rec.resources for rule in RESOURCE_RULES.values() for msg in rule(r.type, r.inputs)
     ]
     assert violations == []
+
+
+def test_the_runner_reaches_this_stacks_slurmctld_with_its_slurm_conf_and_munge_key(lab):
+    """The stack wires SlurmCluster into RemediationRunner: the runner's copy of slurm.conf is the
+    cluster's own text and its munge key the cluster's key (the same random bytes), so its Slurm
+    client authenticates to that slurmctld; the plays are told where slurm.conf is."""
+    import yaml
+
+    cluster_conf = lab.one("kubernetes:core/v1:ConfigMap", "slurm-config").inputs["data"]["slurm.conf"]
+    runner_conf = lab.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-slurm").inputs["data"]
+    assert runner_conf == {"slurm.conf": cluster_conf}
+    cluster_key = lab.one("kubernetes:core/v1:Secret", "munge-key").inputs["data"]["munge.key"]
+    runner_key = lab.one("kubernetes:core/v1:Secret", "autoheal-runner-munge").inputs["data"]["munge.key"]
+    assert runner_key == cluster_key
+    settings = yaml.safe_load(
+        lab.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config").inputs["data"]["runner.yaml"]
+    )
+    assert settings["play_vars"]["autoheal_slurm_conf"] == "/etc/slurm/slurm.conf"
+    deployment = lab.one("kubernetes:apps/v1:Deployment", "autoheal-runner")
+    inits = [c["name"] for c in deployment.inputs["spec"]["template"]["spec"]["initContainers"]]
+    assert "munged" in inits

@@ -128,7 +128,10 @@ def _slurmctld(image: str) -> list[dict[str, Any]]:
 def _journal_volume(root: Path) -> dict[str, Any]:
     path = root / "journal-pv"
     path.mkdir(exist_ok=True)
-    os.chown(path, 10001, 10001)  # fsGroup does not reach a hostPath volume
+    from components.runner_pod import SLURM_USER_UID
+
+    # fsGroup does not reach a hostPath volume; with Slurm access the runner runs as SlurmUser's uid
+    os.chown(path, SLURM_USER_UID, SLURM_USER_UID)
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",

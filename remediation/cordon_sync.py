@@ -150,6 +150,7 @@ class SlurmCli:
         if slurm_conf is not None:
             self._env["SLURM_CONF"] = str(slurm_conf)
         self._timeout = timeout
+        self._grouped = False  # sinfo --json groups nodes (24.x): read them with scontrol
 
     def _run(self, *argv: str) -> str:
         res = subprocess.run(list(argv), env=self._env, capture_output=True, text=True, timeout=self._timeout)
@@ -158,7 +159,15 @@ class SlurmCli:
         return res.stdout
 
     def nodes(self) -> dict[str, SlurmNode]:
-        return parse_sinfo(self._run("sinfo", "--json"))
+        """Every node with its own reason. 24.x `sinfo --json` groups nodes by state with one
+        reason per group (and no "nodes" list): there each node comes from `scontrol show nodes
+        --json`, which 22.05 does not have (the collection's Slurm helper does the same)."""
+        if not self._grouped:
+            text = self._run("sinfo", "--json")
+            if "sinfo" not in json.loads(text):
+                return parse_sinfo(text)
+            self._grouped = True
+        return parse_sinfo(self._run("scontrol", "show", "nodes", "--json"))
 
     def drain(self, names: Sequence[str], reason: str) -> None:
         self._run("scontrol", "update", f"nodename={','.join(names)}", "state=drain", f"reason={reason}")

@@ -145,3 +145,27 @@ def test_cordon_and_taint_by_hand_drain_in_slurm_and_lifting_them_resumes(
         lab.kubectl("taint", "node", "gpu-4", "maint-", check=False)
         assert sync._thread is not None
         sync._thread.join(15)
+
+
+def test_the_sync_reads_each_nodes_own_reason_on_slurm_24(tmp_path, monkeypatch):
+    """24.11's `sinfo --json` (captured on the pods lab) groups a fenced node with two spares
+    under one reason and has no "nodes" list; the sync then reads `scontrol show nodes --json`,
+    so an admin's drain and autoheal's stay told apart."""
+    data = Path(__file__).resolve().parents[1] / "data"
+    outputs = {
+        "sinfo": (data / "slurm-24.11-sinfo-json-grouped.json").read_text(),
+        "scontrol": (data / "slurm-24.11-scontrol-show-nodes-json.json").read_text(),
+    }
+    ran: list[str] = []
+    cli = SlurmCli(None)
+
+    def run(*argv: str) -> str:
+        ran.append(argv[0])
+        return outputs[argv[0]]
+
+    monkeypatch.setattr(cli, "_run", run)
+    nodes = cli.nodes()
+    assert nodes["gpu-2"] == SlurmNode("gpu-2", True, "autoheal: hot spare")
+    assert nodes["gpu-3"] == SlurmNode("gpu-3", True, "autoheal: XID 79 gpu3 inc-0123456789ab")
+    cli.nodes()
+    assert ran == ["sinfo", "scontrol", "scontrol"]

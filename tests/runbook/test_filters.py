@@ -235,6 +235,23 @@ def test_a_journal_needs_its_folder_and_the_lab_backend_a_lab_root(tmp_path):
         lab, str(tmp_path), str(tmp_path / "playbooks"), {"AUTOHEAL_LAB_ROOT": str(tmp_path / "labs")}
     )
     assert r["backend"] == "lab" and r["lab_root"] == str(tmp_path / "labs")
+    assert r["lab_args"] == ["--name", "x", "--root", str(tmp_path / "labs")]
+
+
+def test_a_runner_in_a_pod_names_the_lab_by_its_pool_api(tmp_path):
+    """No lab folder in a pod: the lab backend calls the pool API's URL with the token file."""
+    token = tmp_path / "token"
+    token.write_text("t")
+    base = {"autoheal_nodes": ["gpu-2"], "autoheal_lab_root": "", "autoheal_backend": ""}
+    pod = {**base, "autoheal_lab_url": "http://10.200.0.1:21007", "autoheal_lab_token_file": str(token)}
+    r = inputs.derive(pod, str(tmp_path), "/nowhere/playbooks", {})
+    assert r["backend"] == "lab"
+    assert r["lab_args"] == ["--url", "http://10.200.0.1:21007", "--token-file", str(token)]
+    for bad in ("http://x:1/$(reboot)", "file:///etc/passwd", "http://a b"):
+        with pytest.raises(inputs.InputError, match="autoheal_lab_url"):
+            inputs.derive({**pod, "autoheal_lab_url": bad}, str(tmp_path), "/nowhere/playbooks", {})
+    with pytest.raises(inputs.InputError, match="autoheal_lab_token_file"):
+        inputs.derive({**pod, "autoheal_lab_token_file": str(tmp_path / "no-such")}, str(tmp_path), "/", {})
 
 
 @pytest.mark.parametrize(
@@ -280,3 +297,27 @@ def test_the_runner_config_reads_relative_play_paths_from_its_own_folder(tmp_pat
         "autoheal_kubeconfig": "",
         "autoheal_webhook_url": "w",
     }
+
+
+def test_the_drain_leaves_daemonset_pods_whatever_their_volumes():
+    """A DaemonSet pod with an emptyDir (the slurmd pod: munge's socket, slurmd's spool) stays:
+    evicting it takes its node out of Slurm mid-runbook (kubernetes.core.k8s_drain does, which is
+    why the role's default driver is k8s_evict); an unmanaged pod still needs force."""
+    evict = plugin("modules.k8s_evict")
+    p = {"force": False, "delete_emptydir_data": True}
+    slurmd = {
+        "metadata": {"ownerReferences": [{"kind": "DaemonSet", "name": "slurmd-h100"}]},
+        "spec": {"volumes": [{"name": "spool", "emptyDir": {}}]},
+        "status": {"phase": "Running"},
+    }
+    assert evict.classify(slurmd, p) == ("ignore", "DaemonSet pod")
+    rs = {**slurmd, "metadata": {"ownerReferences": [{"kind": "ReplicaSet", "name": "x"}]}}
+    assert evict.classify(rs, p) == ("evict", "")
+    assert evict.classify({**slurmd, "metadata": {}}, p)[0] == "block"
+    import yaml
+
+    from tests.runbook.conftest import REPO
+
+    defaults = yaml.safe_load((REPO / "roles/k8s_node/defaults/main.yml").read_text())
+    assert defaults["k8s_node_drain_method"] == "auto"
+    assert "'auto'" in defaults["k8s_node_drain_batch"]  # auto is k8s_evict, one node or many

@@ -162,3 +162,58 @@ def test_sinfo_text_records_match_the_json_ones():
     assert got["gpu-8"]["down"] and got["gpu-8"]["features"] == []
     fmt = slurm.SINFO_TEXT_FORMAT
     assert fmt.startswith("NodeList:0" + sep) and fmt.endswith(",Reason:0")
+
+
+def _captured(name: str) -> dict:
+    import json
+
+    from tests.runbook.conftest import REPO
+
+    data: dict = json.loads((REPO / "tests" / "data" / name).read_text())
+    return data
+
+
+class _FakeModule:
+    """Just enough of AnsibleModule for Slurm.nodes(): commands answered from captured output."""
+
+    def __init__(self, outputs: dict[str, str]) -> None:
+        self.params: dict = {}
+        self.outputs = outputs
+        self.ran: list[list[str]] = []
+
+    def get_bin_path(self, name: str, required: bool = False) -> str | None:
+        return f"/usr/bin/{name}" if required else None
+
+    def run_command(self, argv: list[str], **_: object) -> tuple[int, str, str]:
+        self.ran.append(argv)
+        key = " ".join(a.rsplit("/", 1)[-1] for a in argv[:3])
+        return 0, self.outputs[key], ""
+
+    def fail_json(self, **kw: object) -> None:
+        raise AssertionError(kw)
+
+
+def test_slurm_2411_groups_nodes_in_sinfo_json_so_each_nodes_reason_comes_from_scontrol():
+    """Captured on the pods lab (Slurm 24.11.5): gpu-3 drained by a fence, gpu-2 and gpu-4 hot
+    spares. `sinfo --json` puts the three in one group with the fence's reason; read that way,
+    no spare is free (seen: "no spare" with a free spare). The nodes are read per node instead."""
+    import json
+
+    grouped = _captured("slurm-24.11-sinfo-json-grouped.json")
+    per_node = _captured("slurm-24.11-scontrol-show-nodes-json.json")
+    naive = slurm.parse_sinfo(grouped)
+    assert {n: r["reason"] for n, r in naive.items()} == dict.fromkeys(
+        ["gpu-2", "gpu-3", "gpu-4"], "autoheal: XID 79 gpu3 inc-0123456789ab"
+    )  # what a group says: the reason of one of its nodes, for all of them
+    module = _FakeModule({"sinfo --json": json.dumps(grouped), "scontrol show nodes": json.dumps(per_node)})
+    reader = slurm.Slurm(module)
+    nodes = reader.nodes()
+    assert {n: r["reason"] for n, r in nodes.items()} == {
+        "gpu-2": "autoheal: hot spare",
+        "gpu-3": "autoheal: XID 79 gpu3 inc-0123456789ab",
+        "gpu-4": "autoheal: hot spare",
+    }
+    assert all(r["drained"] and r["responding"] and r["features"] == ["pool_h100"] for r in nodes.values())
+    assert nodes["gpu-2"]["partitions"] == ["batch", "h100"]
+    reader.nodes()  # the layout is known now: straight to scontrol
+    assert [a[1:3] for a in module.ran] == [["--json"], ["show", "nodes"], ["show", "nodes"]]

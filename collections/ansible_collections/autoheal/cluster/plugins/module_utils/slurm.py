@@ -17,6 +17,11 @@ openapi/v0.0.38) and newer releases (v0.0.39+ / 23.x / 24.x). The differences th
   in both; 22.05 also has ``job_resources.allocated_nodes[].nodename`` where 24.x has
   ``job_resources.nodes.allocation[].name``.
 - 22.05 ``sinfo --json`` and ``squeue --json`` ignore ``-n`` / ``-w`` filters: filter here.
+- 24.x ``sinfo --json`` groups nodes of the same state and reports ONE reason per group: two
+  drained nodes (a hot spare and a node autoheal just fenced) come back with the same reason, so
+  the spare looks taken and a fence's reason looks like an admin's. Where it groups, the nodes
+  are read from ``scontrol show nodes --json`` instead (one record, one reason per node; 22.05 has
+  no such command, and no grouping). Measured on the pods lab, Slurm 24.11.5.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class Slurm:
         # a hung slurmctld must not hang the play: every command runs under coreutils' timeout
         self.timeout_bin: str | None = module.get_bin_path("timeout")
         self.env: dict[str, str] = {}
+        self._grouped = False  # sinfo --json groups nodes (24.x): read them with scontrol instead
         conf = module.params.get("slurm_conf")
         if conf:
             if not os.path.isabs(conf):
@@ -149,7 +155,13 @@ class Slurm:
         per read, and a play reads the nodes it changes several times. A name the text output
         lacks (a FUTURE node) is looked up in the full JSON, so both paths know the same nodes."""
         if names is None:
-            return parse_sinfo(self.json(["sinfo", "--json"]))
+            if self._grouped:
+                return parse_sinfo(self.json(["scontrol", "show", "nodes", "--json"]))
+            data = self.json(["sinfo", "--json"])
+            if isinstance(data.get("sinfo"), list):  # 24.x: one reason per group (see the top)
+                self._grouped = True
+                return self.nodes()
+            return parse_sinfo(data)
         wanted = list(names)
         if not wanted:
             return {}

@@ -106,6 +106,13 @@ free_spares:
   description: Spares still free after this run, per pool.
   returned: always
   type: dict
+not_free:
+  description: >-
+    Why each candidate spare was not free (not drained as a spare, down, not responding, already
+    promoted).
+  returned: always
+  type: dict
+  sample: {gpu-6: "down or not responding (idle+DRAIN+NOT_RESPONDING)"}
 replaces:
   description: "Every assigned spare and the failed node it stands in for, C({spare: node})."
   returned: always
@@ -202,15 +209,20 @@ class Picker:
         c = rec["comment"]
         return bool(c == self.marker(bad, "") or c.startswith(self.marker(bad, "") + " "))
 
+    def not_free(self, rec: Node) -> str:
+        """Why a node is not a free hot spare ("" when it is one)."""
+        if self.candidates is not None and rec["name"] not in self.candidates:
+            return "not a ready, schedulable spare in Kubernetes"
+        if not rec["drained"] or rec["reason"] != self.p["spare_reason"]:
+            return f"not drained as a spare (state {rec['state']}, reason {rec['reason']!r})"
+        if rec["down"] or not rec["responding"]:
+            return f"down or not responding ({rec['state']}+{'+'.join(rec['flags'])})"
+        if rec["comment"].startswith(self.p["comment_prefix"]):
+            return f"already promoted ({rec['comment']})"
+        return ""
+
     def is_free_spare(self, rec: Node) -> bool:
-        return bool(
-            rec["drained"]
-            and not rec["down"]
-            and rec["responding"]
-            and rec["reason"] == self.p["spare_reason"]
-            and not rec["comment"].startswith(self.p["comment_prefix"])
-            and (self.candidates is None or rec["name"] in self.candidates)
-        )
+        return not self.not_free(rec)
 
     def existing(self, entry: dict[str, Any]) -> bool:
         """An earlier run's spare for this node (this outage); resumed again if still drained."""
@@ -252,6 +264,22 @@ class Picker:
         return out, free
 
 
+def not_free(picker: Picker) -> dict[str, str]:
+    """Why each Kubernetes spare (each drained node without Kubernetes) is not a free spare."""
+    seen = (
+        picker.candidates
+        if picker.candidates is not None
+        else [n for n, r in picker.allnodes.items() if r["drained"]]
+    )
+    out = {}
+    for n in seen:
+        rec = picker.allnodes.get(n)
+        why = picker.not_free(rec) if rec is not None else "not a Slurm node"
+        if why:
+            out[n] = why
+    return out
+
+
 def build_result(
     slurm: Slurm, picker: Picker, promotions: list[dict[str, Any]], free: list[str]
 ) -> dict[str, Any]:
@@ -267,6 +295,8 @@ def build_result(
         replaces={e["spare"]: e["node"] for e in promotions if e["spare"]},
         shortfall=[e["node"] for e in promotions if e["status"] == "none"],
         free_spares=free_by_pool,
+        # why each Kubernetes spare (or each drained node) is not free: a shortfall explains itself
+        not_free=not_free(picker),
         commands=slurm.commands,
     )
 

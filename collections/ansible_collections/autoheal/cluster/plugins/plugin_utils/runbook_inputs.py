@@ -13,6 +13,7 @@ in the controller process, whose working directory is the engineer's.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,12 +27,14 @@ from ansible_collections.autoheal.cluster.plugins.module_utils.validate import (
 
 PREFIX = "autoheal_"
 # path inputs: those that must name an existing file, and those whose folder must exist
-FILE_INPUTS = ("autoheal_slurm_conf", "autoheal_kubeconfig")
+FILE_INPUTS = ("autoheal_slurm_conf", "autoheal_kubeconfig", "autoheal_lab_token_file")
 NEW_FILE_INPUTS = ("autoheal_journal_events", "autoheal_signal_ledger")
 DIR_INPUTS = ("autoheal_lab_root",)
 NEW_DIR_INPUTS = ("autoheal_evidence_dir",)  # made absolute; the step that writes there creates it
 LAB_ROOT_ENV = "AUTOHEAL_LAB_ROOT"
 MANUAL = "manual"  # the incident of a node given without one
+# the lab's pool API from a pod (autoheal_lab_url): http(s), a host, an optional port and path
+LAB_URL_RE = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?")
 
 
 class InputError(ValueError):
@@ -97,17 +100,31 @@ def derive(values: dict[str, Any], cwd: str, playbook_dir: str, env: Mapping[str
             values[name] = resolve_path(name, str(values[name] or ""), cwd)
     run = {key[len(PREFIX) :] if key.startswith(PREFIX) else key: value for key, value in values.items()}
     incidents = {n: ids[i] if i < len(ids) else MANUAL for i, n in enumerate(nodes)}
-    backend = run.get("backend") or ("lab" if run.get("lab_name") else "none")
+    lab_url = str(run.get("lab_url") or "")
+    if lab_url and not LAB_URL_RE.fullmatch(lab_url):
+        raise InputError(f"autoheal_lab_url: {shown(lab_url)} is not an http(s) URL of a lab's pool API")
+    backend = run.get("backend") or ("lab" if run.get("lab_name") or lab_url else "none")
     run.update(
         nodes=nodes,
         incidents=incidents,
         incident_list=[incidents[n] for n in nodes],
         use_kube=bool(run.get("kubeconfig")),
         backend=backend,
+        lab_args=lab_args(run),
     )
-    if backend == "lab" and not run.get("lab_root"):
+    if backend == "lab" and not lab_url and not run.get("lab_root"):
         raise InputError(
             f"autoheal_lab_root: no lab folder found (looked at ${LAB_ROOT_ENV} and .lab beside playbooks/); "
-            "give the folder holding the lab, or autoheal_backend=none"
+            "give the folder holding the lab, autoheal_lab_url, or autoheal_backend=none"
         )
     return run
+
+
+def lab_args(run: Mapping[str, Any]) -> list[str]:
+    """How the lab backend's `autoheal lab pool ...` calls name their lab: by its pool API's URL
+    and a token file (a runner in a pod, where the lab's files are not), else by name and folder."""
+    if run.get("lab_url"):
+        token = run.get("lab_token_file") or ""
+        return ["--url", str(run["lab_url"])] + (["--token-file", str(token)] if token else [])
+    root = run.get("lab_root") or ""
+    return ["--name", str(run.get("lab_name") or "")] + (["--root", str(root)] if root else [])

@@ -61,7 +61,12 @@ def wait_settled(cfg: LabConfig, spares: int, timeout: float) -> float:
             open_incidents = j.incidents(["pending", "admitted", "running", "held"])
         finally:
             j.close()
-        if not pending and len(spare) >= spares and not open_incidents and len(demo.idle_nodes(cfg)) >= 2:
+        if (
+            not pending
+            and len(spare) >= spares
+            and not open_incidents
+            and len(demo.HostSlurm(cfg).idle_nodes()) >= 2
+        ):
             return time.monotonic() - t0
         time.sleep(1)
     raise SystemExit(f"the lab did not settle within {timeout:.0f}s between trials")

@@ -19,6 +19,7 @@ from autoheal.cli import JsonOpt
 from autoheal.errors import AutohealError, ConfigError
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
+from lab.poolapi import PoolApi
 
 console = Console(stderr=True)
 out = Console()
@@ -41,6 +42,14 @@ def _lab_config(**kw: object) -> LabConfig:
     except ValidationError as exc:
         raise ConfigError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from exc
 
+
+SlurmOpt = Annotated[
+    Literal["host", "pods"],
+    typer.Option(
+        help="Where Slurm and the runner run: host processes, or the pods `pulumi up` declares on"
+        " real nodes (every node real)."
+    ),
+]
 
 lab_app = typer.Typer(
     help="The local lab: real Slurm, Prometheus, Alertmanager, Kubernetes.", no_args_is_help=True
@@ -85,6 +94,7 @@ def lab_up(
             help="Runner replicas; more than 1 elect a leader on a Lease (needs --runner-journal postgres).",
         ),
     ] = 1,
+    slurm: SlurmOpt = "host",
 ) -> None:
     """Start the lab (idempotent: a running lab is left as it is)."""
     kw: dict[str, object] = {}
@@ -104,6 +114,7 @@ def lab_up(
         watchers=watchers,
         runner_journal=runner_journal,
         runner_replicas=runner_replicas,
+        slurm=slurm,
         **kw,
     )
     cfg = labmod.up(cfg, _progress)
@@ -193,9 +204,16 @@ def lab_demo(
     provision_delay: Annotated[float, typer.Option(help="Cloud provisioning delay (s).")] = 5.0,
     report_dir: Annotated[Path | None, typer.Option(help="Where report.json and timeline.png go.")] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 600,
+    slurm: Annotated[
+        Literal["host", "pods"],
+        typer.Option(
+            help="pods: Slurm and the runner as the stack's pods on 3 real nodes (2 training, a hot"
+            " spare); host: host processes on a 6-node pool (2 of its nodes real)."
+        ),
+    ] = "pods",
     real_nodes: Annotated[
         int,
-        typer.Option(help="How many of the pool's nodes are real (containerd + kubelet) instead of KWOK."),
+        typer.Option(help="--slurm host: how many of the pool's nodes are real (containerd + kubelet)."),
     ] = 2,
     json_: JsonOpt = False,
 ) -> None:
@@ -203,13 +221,17 @@ def lab_demo(
     from lab.demo import run_demo
 
     kw: dict[str, object] = {"root": root} if root else {}
-    cfg = LabConfig(
+    if slurm == "pods":
+        kw["pools"] = [PoolConfig(size=2, spares=1, headroom=3)]
+    else:
+        kw["real_nodes"] = real_nodes
+    cfg = _lab_config(
         name=name,
         port_base=port_base,
         grace_seconds=grace,
         provision_delay=provision_delay,
-        real_nodes=real_nodes,
-        **kw,  # type: ignore[arg-type]
+        slurm=slurm,
+        **kw,
     )
     report = run_demo(cfg, keep, console, out, report_dir, timeout)
     if json_:
@@ -220,12 +242,37 @@ pool_app = typer.Typer(help="The lab's node-pool controller (plays the cloud).",
 lab_app.add_typer(pool_app, name="pool")
 
 
-@pool_app.command("status")
-def pool_status(name: NameOpt = "default", root: RootOpt = None, json_: JsonOpt = False) -> None:
-    """Declared vs actual members of each pool, pending replacements, retired nodes."""
-    from lab import pool
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url", help="The pool API's URL, for a caller without the lab's files (the runner's pod)."
+    ),
+]
+TokenFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file", help="With --url: a file holding the bearer token (a ServiceAccount token)."
+    ),
+]
 
-    st = pool.client_status(labmod.require(name, root))
+
+def _api(name: str, root: Path | None, url: str | None, token_file: Path | None) -> PoolApi:
+    """The pool API of the named lab (loopback, from its lab.json), or the one at --url."""
+    if url is not None:
+        return PoolApi.remote(url, token_file)
+    return PoolApi.of_lab(labmod.require(name, root))
+
+
+@pool_app.command("status")
+def pool_status(
+    name: NameOpt = "default",
+    root: RootOpt = None,
+    json_: JsonOpt = False,
+    url: UrlOpt = None,
+    token_file: TokenFileOpt = None,
+) -> None:
+    """Declared vs actual members of each pool, pending replacements, retired nodes."""
+    st = _api(name, root, url, token_file).status()
     if json_:
         out.print_json(json.dumps(st))
         return
@@ -247,18 +294,19 @@ def pool_retire(
     name: NameOpt = "default",
     root: RootOpt = None,
     json_: JsonOpt = False,
+    url: UrlOpt = None,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """Terminate nodes the way a cloud autoscaling group would (a batch concurrently); the pool
     backfills them. --json prints one result per node."""
     from concurrent.futures import ThreadPoolExecutor
 
     from autoheal.names import validate_node_name
-    from lab import pool
 
-    cfg = labmod.require(name, root)
+    api = _api(name, root, url, token_file)
     nodes = [validate_node_name(n, "--node") for n in node]
     with ThreadPoolExecutor(min(16, len(nodes))) as ex:
-        results = list(ex.map(lambda n: pool.client_retire(cfg, n), nodes))
+        results = list(ex.map(api.retire, nodes))
     if json_:
         out.print_json(json.dumps(results))
         return
@@ -273,55 +321,28 @@ NodesOpt = Annotated[
 ]
 
 
-def _item(node: str, res: object, what: str) -> dict[str, object]:
-    """One node's result of a batch, shaped as one item of an Ansible loop of single calls."""
-    if isinstance(res, Exception):
-        return {"item": node, "rc": 1, "stdout": "", "stderr": f"{what} {node}: {res}"}
-    return {"item": node, "rc": 0, "stdout": json.dumps(res), "stderr": ""}
+def _ladder_call(api: PoolApi, node: str | None, what: str, nodes: str | None = None, **kw: object) -> None:
+    """Run one of the pool API's ladder operations (lab.ladder.batch, in the pool controller).
 
-
-def _ladder_call(
-    name: str, root: Path | None, node: str | None, what: str, nodes: str | None = None, **kw: object
-) -> None:
-    """Run one of lab.ladder's operations and print its JSON; exit 1 naming the failure.
-
-    With `nodes` (comma-separated) it runs for all of them at once, in threads, and prints one JSON
-    list shaped like the results of an Ansible loop of single calls ({item, rc, stdout, stderr}
-    per node), exit 0: a storm's batch costs one process, not one per node, and its reboots
-    overlap as a cloud's would (filter autoheal.cluster.batch_results reads it)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    With `node`: print its JSON result, exit 1 naming the failure. With `nodes` (comma-separated):
+    all of them at once, one JSON list of per-node results shaped like an Ansible loop of single
+    calls ({item, rc, stdout, stderr}), exit 0: a storm's batch costs one process and one call,
+    and its reboots overlap as a cloud's would (filter autoheal.cluster.batch_results reads it)."""
     from autoheal.names import validate_node_name
-    from lab import ladder
 
     if (node is None) == (nodes is None):
         console.print("[red]give --node NAME or --nodes A,B,...[/red]")
         raise typer.Exit(2)
-    cfg = labmod.require(name, root)
     if node is not None:
         node = validate_node_name(node, "--node")
-        try:
-            res = getattr(ladder, what)(cfg, node, **kw)
-        except AutohealError as exc:
-            console.print(f"[red]{what} {node}:[/red] {exc}")
-            raise typer.Exit(1) from exc
-        out.print_json(json.dumps(res))
+        [res] = api.ladder(what, [node], **kw)
+        if res["rc"] != 0:
+            console.print(f"[red]{res['stderr']}[/red]")
+            raise typer.Exit(1)
+        out.print_json(res["stdout"])
         return
     batch = [validate_node_name(n, "--nodes") for n in (nodes or "").split(",") if n]
-    if what == "reboot":  # the batch's slurmds stop, start and register together
-        done = ladder.reboot_many(cfg, batch, **kw)  # type: ignore[arg-type]
-        typer.echo(json.dumps([_item(n, done[n], what) for n in batch]))
-        return
-
-    def one(n: str) -> dict[str, object]:
-        try:
-            return _item(n, getattr(ladder, what)(cfg, n, **kw), what)
-        except Exception as exc:  # one node failing (even a bug) must not hide the others
-            return _item(n, exc, what)
-
-    with ThreadPoolExecutor(max(1, min(ladder.BATCH_WORKERS, len(batch)))) as pool:
-        results = list(pool.map(one, batch))
-    typer.echo(json.dumps(results))  # one line for a machine: no pretty-printing of 100 nodes
+    typer.echo(json.dumps(api.ladder(what, batch, **kw)))  # one line for a machine
 
 
 @pool_app.command("health")
@@ -331,9 +352,11 @@ def pool_health(
     peek: Annotated[bool, typer.Option(help="Only read the GPUs (evidence): run no check.")] = False,
     name: NameOpt = "default",
     root: RootOpt = None,
+    url: UrlOpt = None,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """The lab's DCGM diagnostics for a node (JSON: healthy, failures, GPUs, evidence sources)."""
-    _ladder_call(name, root, node, "health", nodes, peek=peek)
+    _ladder_call(_api(name, root, url, token_file), node, "health", nodes, peek=peek)
 
 
 @pool_app.command("reset")
@@ -344,9 +367,11 @@ def pool_reset(
     timeout: Annotated[float, typer.Option(help="Seconds before a reset counts as hung.")] = 60,
     name: NameOpt = "default",
     root: RootOpt = None,
+    url: UrlOpt = None,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """Reset a GPU of a node (nvidia-smi --gpu-reset on a real node); exit 1 when it fails."""
-    _ladder_call(name, root, node, "reset", nodes, gpu=gpu, timeout=timeout)
+    _ladder_call(_api(name, root, url, token_file), node, "reset", nodes, gpu=gpu, timeout=timeout)
 
 
 @pool_app.command("reboot")
@@ -356,9 +381,11 @@ def pool_reboot(
     timeout: Annotated[float, typer.Option(help="Seconds before a reboot counts as hung.")] = 120,
     name: NameOpt = "default",
     root: RootOpt = None,
+    url: UrlOpt = None,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """Reboot a node the way the cloud's reboot API would; exit 1 when it fails or hangs."""
-    _ladder_call(name, root, node, "reboot", nodes, timeout=timeout)
+    _ladder_call(_api(name, root, url, token_file), node, "reboot", nodes, timeout=timeout)
 
 
 @pool_app.command("faults")
@@ -371,7 +398,14 @@ def pool_faults(
     root: RootOpt = None,
 ) -> None:
     """Inject faults of the recovery ladder itself (tests and drills)."""
-    _ladder_call(name, root, node, "faults", health_failures=health_failures, reset=reset, reboot=reboot)
+    _ladder_call(
+        PoolApi.of_lab(labmod.require(name, root)),
+        node,
+        "faults",
+        health_failures=health_failures,
+        reset=reset,
+        reboot=reboot,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -36,6 +36,10 @@ PORTS = {
 SLURMD_OFFSET = 100
 MAX_NODES = 2600  # slurmd ports end below 32768 (Linux ephemeral range) for port_base <= 30000
 MAX_RUNNER_REPLICAS = 3
+# a pods lab (slurm: pods): the stack's runner namespace (Pulumi.lab.yaml) and the node port of its
+# Service, the host's way in (each lab has its own nodes, so every lab may use the same port)
+RUNNER_NAMESPACE = "autoheal"
+RUNNER_NODE_PORT = 30095
 
 
 class PoolConfig(BaseModel):
@@ -87,6 +91,11 @@ class LabConfig(BaseModel):
     runner_journal: Literal["sqlite", "postgres"] = "sqlite"
     # runner replicas; more than one elect a leader on a Lease (needs postgres and kube)
     runner_replicas: int = Field(default=1, ge=1, le=MAX_RUNNER_REPLICAS)
+    # where Slurm and the runner run: "host" (Debian's slurmctld and one slurmd process per node,
+    # the runner as a host process: fast, and scales to thousands of nodes) or "pods" (what
+    # `pulumi up` declares, on real nodes only: slurmctld, login and slurmd pods, the runner in its
+    # pod with its ServiceAccount; the pool controller adds real nodes whose slurmd pods join)
+    slurm: Literal["host", "pods"] = "host"
 
     @model_validator(mode="after")
     def _fits(self) -> LabConfig:
@@ -110,11 +119,36 @@ class LabConfig(BaseModel):
                 f"runner_replicas: {self.runner_replicas} replicas elect their leader on a Kubernetes"
                 " Lease; set kube: true (drop --no-kube) or runner_replicas: 1"
             )
+        if self.slurm == "pods":
+            self._check_pods(hardware)
         prefixes = [p.prefix for p in self.pools]
         if len(set(prefixes)) != len(prefixes):
             raise ValueError("pools: every pool needs its own prefix")
         self.root = self.root.resolve()
         return self
+
+    def _check_pods(self, hardware: int) -> None:
+        """Slurm as pods runs on real nodes only (a KWOK node runs no pod) and its runner is the
+        stack's one pod."""
+        if not self.kube:
+            raise ValueError("slurm: pods runs Slurm on Kubernetes; set kube: true (drop --no-kube)")
+        if self.real_nodes == 0:
+            self.real_nodes = hardware
+        if self.real_nodes != hardware:
+            raise ValueError(
+                f"real_nodes: slurm pods runs every node as a real node ({hardware}), got {self.real_nodes};"
+                " drop --real-nodes or use --slurm host"
+            )
+        if self.runner_replicas != 1 or self.runner_journal != "sqlite":
+            raise ValueError(
+                "runner_replicas / runner_journal: with slurm pods the runner is the stack's one pod"
+                " with its SQLite journal on a volume; use --slurm host for the HA runners"
+            )
+
+    @property
+    def pods(self) -> bool:
+        """Slurm and the runner run as the stack's pods (not as host processes)."""
+        return self.slurm == "pods"
 
     @property
     def run_dir(self) -> Path:

@@ -32,6 +32,7 @@ from lab.config import LabConfig
 
 EXAMPLES = data_root() / "examples"
 DEMO_GPU, DEMO_XID = 3, 79
+DEAD_GPU_CHECKS = 100  # a pods demo's GPU fails every health check after the fault (it is dead)
 
 # (key, label): the phases of one incident in the order of docs/architecture.md, "The flow of one fault"
 PHASES: list[tuple[str, str]] = [
@@ -51,12 +52,110 @@ PHASES: list[tuple[str, str]] = [
 ]
 
 
+class HostSlurm:
+    """The lab's own Slurm on this host (a host lab): its client commands, its checkpoint dir."""
+
+    def __init__(self, cfg: LabConfig) -> None:
+        self.cfg = cfg
+
+    def run(self, argv: list[str], timeout: float = 30) -> str:
+        return slurm.run(self.cfg, argv, timeout=timeout)
+
+    def idle_nodes(self) -> list[str]:
+        states = slurm.node_states(self.cfg)
+        return sorted(n for n, s in states.items() if s["state"] == ["IDLE"])
+
+    def outputs(self, rdir: Path) -> tuple[Path, Path]:
+        """The checkpoint dir and the job's output file, emptied: a rerun starts from step 0."""
+        return _fresh_outputs(rdir)
+
+    def submit(self, ckpt: Path, out: Path, args: str) -> str:
+        return submit(self.cfg, ckpt, out, args)
+
+    def close(self) -> None:
+        pass
+
+
+class PodSlurm:
+    """Slurm as the stack's pods (a pods lab): what a researcher does, over ssh to the login
+    Service (lab.login): their scripts copied into their home, `sbatch` there, the checkpoints on
+    the cluster's shared /checkpoints volume, which the demo reads where the lab's provisioner
+    keeps it on this host."""
+
+    HOME_DIR = "autoheal-demo"  # in the researcher's home
+
+    def __init__(self, cfg: LabConfig) -> None:
+        from lab import login
+
+        self.cfg = cfg
+        self.login = login.Login(cfg)
+        home = f"/home/{login.USER}/{self.HOME_DIR}"
+        self.home = home
+        login.upload(
+            self.login, {f"{home}/{f}": EXAMPLES / f for f in ("train.py", "checkpoint.py", "train.sbatch")}
+        )
+
+    def run(self, argv: list[str], timeout: float = 30) -> str:
+        import shlex
+
+        return self.login.run(shlex.join(argv), timeout=timeout)
+
+    def idle_nodes(self) -> list[str]:
+        rows = [line.split() for line in self.run(["sinfo", "-h", "-N", "-o", "%N %t"]).splitlines()]
+        return sorted({r[0] for r in rows if len(r) == 2 and r[1] == "idle"})
+
+    def outputs(self, rdir: Path) -> tuple[Path, Path]:
+        """A fresh folder of the shared /checkpoints volume (seen here through its host dir)."""
+        run = f"demo-{int(time.time() * 1000)}"
+        self.ckpt_path = f"/checkpoints/{run}"
+        self.run(["mkdir", "-p", self.ckpt_path])
+        host = _volume_dir(self.cfg, "slurm", "slurm-checkpoints") / run
+        rdir.mkdir(parents=True, exist_ok=True)
+        return host, host / "train.out"
+
+    def submit(self, ckpt: Path, out: Path, args: str) -> str:
+        from lab.stack import job_environment
+
+        env = {
+            **job_environment(),
+            "CKPT_DIR": self.ckpt_path,
+            "AUTOHEAL_EXAMPLES": self.home,
+            "TRAIN_ARGS": args,
+        }
+        import shlex
+
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        cmd = f"cd {self.home} && {exports} sbatch --parsable -o {self.ckpt_path}/train.out train.sbatch"
+        return self.login.run(cmd).strip().split(";")[0]
+
+    def close(self) -> None:
+        self.login.close()
+
+
+SlurmSide = HostSlurm | PodSlurm
+
+
+def slurm_side(cfg: LabConfig) -> SlurmSide:
+    return PodSlurm(cfg) if cfg.pods else HostSlurm(cfg)
+
+
+def _volume_dir(cfg: LabConfig, namespace: str, claim: str) -> Path:
+    """The host directory behind a claim (the lab's provisioner backs each volume with one)."""
+    from lab import kube
+
+    with kube.http_client(cfg.kubeconfig, pool=1) as http:
+        pvc = http.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}").json()
+        pv = http.get(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}").json()
+    return Path(pv["spec"]["hostPath"]["path"])
+
+
 @dataclass
 class Watch:
     cfg: LabConfig
     ckpt: Path
     job: str
     node: str
+    side: SlurmSide
     t_fault: float = 0.0
     pre_fault_step: int = 0
     step: int = 0
@@ -127,7 +226,7 @@ class Watch:
     def _job(self) -> None:
         if "job_running" in self.seen:
             return
-        out = slurm.run(self.cfg, ["scontrol", "show", "job", self.job, "-o"], timeout=5)
+        out = self.side.run(["scontrol", "show", "job", self.job, "-o"], timeout=10)
         state = re.search(r"JobState=(\S+)", out)
         restarts = re.search(r"Restarts=(\d+)", out)
         if state and state.group(1) == "RUNNING" and restarts and int(restarts.group(1)) >= 1:
@@ -195,12 +294,12 @@ def submit(cfg: LabConfig, ckpt: Path, out: Path, args: str) -> str:
     return res.stdout.strip().split(";")[0]
 
 
-def job_nodes(cfg: LabConfig, job: str) -> list[str]:
-    out = slurm.run(cfg, ["scontrol", "show", "job", job, "-o"])
+def job_nodes(side: SlurmSide, job: str) -> list[str]:
+    out = side.run(["scontrol", "show", "job", job, "-o"])
     m = re.search(r" NodeList=(\S+)", out)
     if not m or m.group(1) == "(null)":
         return []
-    return slurm.run(cfg, ["scontrol", "show", "hostnames", m.group(1)]).split()
+    return side.run(["scontrol", "show", "hostnames", m.group(1)]).split()
 
 
 def run_demo(
@@ -216,7 +315,8 @@ def run_demo(
     try:
         check_healthy(cfg)
         console.print(f"lab healthy after {time.monotonic() - t_start:.1f}s")
-        stack_up = _pulumi_up(cfg, console)
+        # a pods lab's `up` ran `pulumi up` itself (its Slurm and runner are what the stack declares)
+        stack_up = _pods_stack_seconds(cfg) if cfg.pods else _pulumi_up(cfg, console)
         report = trial(cfg, report_dir or cfg.run_dir / "demo", console, out, timeout, cleanup=not keep)
         report["pulumi_up_s"] = stack_up
         return report
@@ -224,6 +324,11 @@ def run_demo(
         if not keep:
             labmod.down(cfg)
             console.print("lab down (use --keep to leave it up and explore)")
+
+
+def _pods_stack_seconds(cfg: LabConfig) -> float | None:
+    path = cfg.run_dir / "pulumi" / "up.json"
+    return float(json.loads(path.read_text())["seconds"]) if path.exists() else None
 
 
 def _pulumi_up(cfg: LabConfig, console: Console) -> float | None:
@@ -254,11 +359,6 @@ def check_healthy(cfg: LabConfig) -> None:
         raise LabError("demo: the remediation runner is not running in this lab")
 
 
-def idle_nodes(cfg: LabConfig) -> list[str]:
-    states = slurm.node_states(cfg)
-    return sorted(n for n, s in states.items() if s["state"] == ["IDLE"])
-
-
 def trial(
     cfg: LabConfig,
     rdir: Path,
@@ -269,15 +369,33 @@ def trial(
     live: bool = True,
 ) -> dict[str, Any]:
     """One fault on a running lab: submit, wait for progress, inject, watch until resumed."""
-    ckpt, train_out = _fresh_outputs(rdir)
-    job = submit(cfg, ckpt, train_out, "--step-time 0.1 --ckpt-every 100")
-    console.print(f"submitted training job {job} (sbatch examples/train.sbatch, 2 nodes x 8 GPUs)")
+    side = slurm_side(cfg)
+    try:
+        return _trial(cfg, side, rdir, console, out, timeout, cleanup, live)
+    finally:
+        side.close()
+
+
+def _trial(
+    cfg: LabConfig,
+    side: SlurmSide,
+    rdir: Path,
+    console: Console,
+    out: Console,
+    timeout: float,
+    cleanup: bool,
+    live: bool,
+) -> dict[str, Any]:
+    ckpt, train_out = side.outputs(rdir)
+    job = side.submit(ckpt, train_out, "--step-time 0.1 --ckpt-every 100")
+    how = "over ssh to the login pod" if cfg.pods else "on this host"
+    console.print(f"submitted training job {job} (sbatch examples/train.sbatch {how}, 2 nodes x 8 GPUs)")
     procs.wait_until(
-        lambda: len(job_nodes(cfg, job)) == 2, 90, "demo: the training job to start", interval=0.25
+        lambda: len(job_nodes(side, job)) == 2, 90, "demo: the training job to start", interval=0.25
     )
-    nodes = job_nodes(cfg, job)
-    filler = _fill_pool(cfg)
-    w = Watch(cfg, ckpt, job, nodes[0])
+    nodes = job_nodes(side, job)
+    filler = _fill_pool(side)
+    w = Watch(cfg, ckpt, job, nodes[0], side)
 
     def progressed() -> bool:
         w.poll()
@@ -286,6 +404,13 @@ def trial(
     try:
         procs.wait_until(progressed, 120, "demo: training progress", interval=0.25)
         where = f"{w.node} GPU {DEMO_GPU}"
+        if cfg.pods:
+            # the GPU is really dead: the reboot does not bring it back, so its node is retired
+            # and the pool brings a new real node, whose slurmd pod joins Slurm as a spare
+            from lab import ladder
+
+            ladder.faults(cfg, w.node, health_failures=DEAD_GPU_CHECKS)
+            console.print(f"{where} will stay dead after a reboot: validation fails, the node is replaced")
         console.print(f"training on {', '.join(nodes)}: step {w.step}; injecting XID {DEMO_XID} on {where}")
         w.t_fault = time.time()
         w.seen["injected"] = w.t_fault
@@ -297,9 +422,9 @@ def trial(
         if w.node in labmod.current_nodes(cfg):
             labmod.inject(cfg, w.node, None, None)
         if filler:
-            slurm.run(cfg, ["scancel", filler])
+            side.run(["scancel", filler])
         if cleanup:
-            slurm.run(cfg, ["scancel", job])
+            side.run(["scancel", job])
     out.print(w.table())
     report = _report(w, rdir, nodes)
     out.print(f"report: {report['json']}  chart: {report['png']}")
@@ -320,14 +445,14 @@ def _fresh_outputs(rdir: Path) -> tuple[Path, Path]:
     return ckpt, train_out
 
 
-def _fill_pool(cfg: LabConfig) -> str | None:
+def _fill_pool(side: SlurmSide) -> str | None:
     """Another team's job on every idle node, so the requeued job needs the promoted spare."""
-    others = idle_nodes(cfg)
+    others = side.idle_nodes()
     if not others:
         return None
     argv = ["sbatch", "--parsable", "-N", str(len(others)), "--gres=gpu:8", "-J", "other-team"]
     argv += ["--no-requeue", "-o", "/dev/null", "--wrap", "sleep 3600"]
-    return slurm.run(cfg, argv).strip()
+    return side.run(argv).strip()
 
 
 def _watch(w: Watch, job: str, timeout: float, console: Console, live: bool) -> None:

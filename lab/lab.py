@@ -131,6 +131,14 @@ def up(cfg: LabConfig, progress: Progress = _quiet) -> LabConfig:
         from lab.nodes import cluster
 
         cluster.check_tools()  # a missing tool or kernel feature stops `up` before anything starts
+    if cfg.pods:
+        from lab import stack
+
+        if not stack.available():
+            raise LabError(
+                "slurm: pods runs what `pulumi up` declares, and the Pulumi engine or its Kubernetes"
+                " provider is not built; run scripts/build-tools.sh, or use --slurm host"
+            )
     if (cfg.run_dir / "nodes").is_dir():
         from lab.nodes import cluster
 
@@ -179,6 +187,9 @@ def _step(progress: Progress, what: str) -> float:
 
 
 def _start_all(cfg: LabConfig, progress: Progress) -> None:
+    if cfg.pods:
+        _start_pods_lab(cfg, progress)
+        return
     nodes = slurmd_nodes(cfg)
     _step(progress, "munged")
     slurm.write_config(cfg)
@@ -219,6 +230,43 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
         from lab import runner
 
         runner.start(cfg)
+
+
+def _start_pods_lab(cfg: LabConfig, progress: Progress) -> None:
+    """Slurm and the runner as the stack declares them: the host keeps what plays the hardware
+    and the cloud (the GPU simulator, the XID watchers, Prometheus and Alertmanager, the pool
+    controller); `pulumi up` brings slurmctld, login, the slurmd pods and the runner's pod onto
+    the real nodes, and Alertmanager posts to the runner's Service (lab.runner.start_pod_path)."""
+    from lab import runner, stack
+    from lab.nodes import cluster
+
+    _step(progress, "GPU simulator")
+    start_simulator(cfg)
+    _step(progress, "prometheus + alertmanager")
+    prom.write_config(cfg)
+    prom.start_alertmanager(cfg)
+    prom.start_prometheus(cfg)
+    _step(progress, "real-node network")
+    advertise = cluster.prepare(cfg.run_dir).gateway
+    prom.start_bridge(cfg, advertise)  # the stack's XID watchers post to Alertmanager from the nodes
+    _step(progress, "kubernetes control plane")
+    start_kube(cfg, advertise)
+    _step(progress, f"{cfg.real_nodes} real nodes (images, containerd, kubelet, kube-proxy, CoreDNS)")
+    start_real_nodes(cfg, progress)
+    _step(progress, "the system node (slurmctld, login, runner)")
+    cluster.add(cfg.run_dir, cluster.SYSTEM_NODE, {cluster.SYSTEM_LABEL: "true"}, [], 0, progress=progress)
+    prom.wait_pipeline(cfg, timeout=cfg.pipeline_timeout)
+    _step(progress, "node-pool controller")
+    pool.start(cfg)
+    t = _step(progress, "pulumi up: slurmctld, login, slurmd and the runner as pods")
+    summary = stack.up(cfg)
+    took = time.monotonic() - t
+    (cfg.run_dir / "pulumi" / "up.json").write_text(
+        json.dumps({"summary": summary, "seconds": round(took, 1)})
+    )
+    progress(f"pulumi up: {summary} in {took:.1f}s")
+    _step(progress, "the runner's Service for Alertmanager")
+    runner.start_pod_path(cfg)
 
 
 def start_simulator(cfg: LabConfig) -> None:
@@ -374,6 +422,8 @@ def _stop_services(cfg: LabConfig) -> list[str]:
 
 
 def status(cfg: LabConfig) -> LabStatus:
+    if cfg.pods:
+        return _pods_status(cfg)
     live = procs.running(cfg.run_dir)
     st = LabStatus(cfg.name, up=bool(live))
     checks: list[tuple[str, Callable[[], str]]] = [
@@ -430,6 +480,40 @@ def status(cfg: LabConfig) -> LabStatus:
 
         for name, ok in cluster.status(cfg.run_dir).items():
             st.services.append(ServiceStatus(name, ok, "running" if ok else "not running"))
+    return st
+
+
+def _pods_status(cfg: LabConfig) -> LabStatus:
+    """A pods lab: the host's services, the control plane and real nodes, then the stack's pods
+    (each not Ready one named with its cause) and the runner's /readyz through its Service."""
+    from lab import runner
+    from lab.nodes import cluster
+
+    live = procs.running(cfg.run_dir)
+    st = LabStatus(cfg.name, up=bool(live))
+    checks: list[tuple[str, Callable[[], str]]] = [
+        ("prometheus", lambda: _http(cfg.url("prometheus", "/-/ready"))),
+        ("alertmanager", lambda: _http(cfg.url("alertmanager", "/-/ready"))),
+        ("simulator", lambda: _http(cfg.url("simulator", "/healthz"))),
+        ("pool-controller", lambda: _http(cfg.url("pool_controller", "/healthz"))),
+        ("runner", lambda: runner.pod_readyz(cfg)),
+    ]
+    for name, check in checks:
+        if name != "runner" and name not in live:
+            st.services.append(ServiceStatus(name, False, "not running"))
+            continue
+        try:
+            st.services.append(ServiceStatus(name, True, check()))
+        except Exception as exc:
+            st.services.append(ServiceStatus(name, False, str(exc)[:300]))
+    if cfg.kubeconfig.exists():  # the XID watchers are the stack's pods, listed below
+        from lab import kube
+
+        for name, ok in kube.control_plane_status(cfg.run_dir).items():
+            st.services.append(ServiceStatus(name, ok, "ok" if ok else "unhealthy"))
+        for name, ok in cluster.status(cfg.run_dir).items():
+            st.services.append(ServiceStatus(name, ok, "running" if ok else "not running"))
+        st.services += [ServiceStatus(n, ok, d) for n, ok, d in runner.stack_pods(cfg)]
     return st
 
 

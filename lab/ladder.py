@@ -9,6 +9,7 @@ ladder roles reach these through `autoheal lab pool reset|reboot|health`.
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -52,6 +53,11 @@ def reset(cfg: LabConfig, node: str, gpu: int | None, timeout: float) -> dict[st
 def reboot(cfg: LabConfig, node: str, timeout: float = REBOOT_TIMEOUT) -> dict[str, Any]:
     """Reboot `node` as its cloud would: slurmd goes away, the GPUs come back clean, slurmd starts
     and registers again. The Slurm state and reason the runbook set are kept (it returns the node)."""
+    if cfg.pods:
+        res = reboot_many(cfg, [node], timeout)[node]
+        if isinstance(res, Exception):
+            raise res
+        return dict(res)
     t0 = time.monotonic()
     procs.stop(cfg.run_dir, slurm.slurmd_name(node))
     _post(cfg, "/v1/reboot", {"node": node}, timeout=timeout)
@@ -66,6 +72,8 @@ def reboot_many(cfg: LabConfig, nodes: list[str], timeout: float = REBOOT_TIMEOU
     reboots posted side by side, the slurmds started and waited for together (one Slurm poll for
     the batch, not one per node). Returns {node: result, or the LabError that failed it}."""
     t0 = time.monotonic()
+    if cfg.pods:
+        return _reboot_real(cfg, nodes, timeout)
     procs.stop_many(cfg.run_dir, [slurm.slurmd_name(n) for n in nodes])
     out: dict[str, Any] = {}
     with ThreadPoolExecutor(max(1, min(BATCH_WORKERS, len(nodes)))) as pool:
@@ -90,6 +98,64 @@ def reboot_many(cfg: LabConfig, nodes: list[str], timeout: float = REBOOT_TIMEOU
     for n in nodes:
         out.setdefault(n, {"node": n, "rebooted": True, "seconds": seconds})
     return out
+
+
+def _reboot_real(cfg: LabConfig, nodes: list[str], timeout: float) -> dict[str, Any]:
+    """A pods lab: the GPUs come back clean (the simulator's reboot), then the real nodes restart
+    and their slurmd pods register again (lab.nodepods.reboot)."""
+    from lab import nodepods
+
+    t0 = time.monotonic()
+    out: dict[str, Any] = {}
+    with ThreadPoolExecutor(max(1, min(BATCH_WORKERS, len(nodes)))) as pool:
+        posted = {n: pool.submit(_post, cfg, "/v1/reboot", {"node": n}, timeout) for n in nodes}
+    for n, fut in posted.items():
+        try:
+            fut.result()
+        except LabError as exc:
+            out[n] = exc  # hung or failed: the node stays down, as it would
+    back = [n for n in nodes if n not in out]
+    if back:
+        left = max(5.0, timeout - (time.monotonic() - t0))
+        for n, err in nodepods.reboot(cfg, back, left).items():
+            if err is not None:
+                out[n] = err
+    seconds = round(time.monotonic() - t0, 3)
+    for n in nodes:
+        out.setdefault(n, {"node": n, "rebooted": True, "seconds": seconds})
+    return out
+
+
+OPERATIONS = ("health", "reset", "reboot", "faults")  # what batch() runs (the pool API's /v1/ladder/<op>)
+
+
+def _item(node: str, res: object, what: str) -> dict[str, Any]:
+    """One node's result of a batch, shaped as one item of an Ansible loop of single calls."""
+    if isinstance(res, Exception):
+        return {"item": node, "rc": 1, "stdout": "", "stderr": f"{what} {node}: {res}"}
+    return {"item": node, "rc": 0, "stdout": json.dumps(res), "stderr": ""}
+
+
+def batch(cfg: LabConfig, what: str, nodes: list[str], **kw: Any) -> list[dict[str, Any]]:
+    """Run one operation for a batch at once and return one result per node, shaped like the
+    results of an Ansible loop of single calls ({item, rc, stdout, stderr}; the filter
+    autoheal.cluster.batch_results reads it): a storm's batch costs one call, not one per node,
+    and its reboots overlap as a cloud's would. One node failing (even a bug) hides no other."""
+    if what not in OPERATIONS:
+        raise LabError(f"ladder: unknown operation {what!r} (one of {', '.join(OPERATIONS)})")
+    if what == "reboot":  # the batch's slurmds stop, start and register together
+        done = reboot_many(cfg, nodes, **kw)
+        return [_item(n, done[n], what) for n in nodes]
+    op = globals()[what]
+
+    def one(n: str) -> dict[str, Any]:
+        try:
+            return _item(n, op(cfg, n, **kw), what)
+        except Exception as exc:
+            return _item(n, exc, what)
+
+    with ThreadPoolExecutor(max(1, min(BATCH_WORKERS, len(nodes)))) as pool:
+        return list(pool.map(one, nodes))
 
 
 def faults(cfg: LabConfig, node: str, **kw: Any) -> dict[str, Any]:

@@ -6,8 +6,15 @@ spare label and taint, a slurmd for a FUTURE Slurm node drained as a hot spare, 
 GPUs. Because Pulumi only declares the pool, `pulumi preview` shows no change after any number of
 replacements, and nothing ever resurrects a retired node (names are never reused).
 
-Runs as one process per lab (`python -m lab.pool`) with a small JSON API on loopback:
-GET /v1/pools, POST /v1/retire {"node": ...}. State lives in <run_dir>/pool/state.json.
+Runs as one process per lab (`python -m lab.pool`) with a small JSON API on loopback (lab.poolapi
+is its client): GET /v1/pools, POST /v1/retire {"node": ...}, POST /v1/ladder/<health|reset|
+reboot|faults> {"nodes": [...], <options>} (lab.ladder.batch). In a pods lab it also listens on the
+lab bridge for the runner's pod, where every call needs the runner's ServiceAccount token (checked
+with a TokenReview). State lives in <run_dir>/pool/state.json.
+
+In a pods lab (slurm: pods) every node is a real one, and slurmd is the SlurmCluster DaemonSet's
+pod: a new node joins Slurm when its slurmd pod registers (drained as a spare), a retired one
+leaves when that pod stops (lab.nodepods), and nothing here talks to Slurm.
 """
 
 from __future__ import annotations
@@ -138,7 +145,14 @@ class PoolController:
                 owed[pool.name] = owed.get(pool.name, 0) + 1
             self._event("retired", node, pool.name, real=real)
             self._save()
-        procs.stop(self.cfg.run_dir, slurm.slurmd_name(node))
+        if self.cfg.pods:
+            # a cloud's instance shuts down gracefully: its pods get their grace period, and the
+            # slurmd pod takes its node out of Slurm on the way (components/slurm/workers.py)
+            from lab import nodepods
+
+            nodepods.shut_down(self.cfg, node)
+        else:
+            procs.stop(self.cfg.run_dir, slurm.slurmd_name(node))
         watch.stop(self.cfg, node)
         if real:
             from lab.nodes import cluster
@@ -151,6 +165,24 @@ class PoolController:
         # the simulator gets the whole fleet in one PUT: a storm's retirements share one, next loop
         self._sim_dirty.set()
         return {"node": node, "changed": True, "state": "retired"}
+
+    def ladder(self, what: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """A recovery-ladder operation for a batch (lab.ladder.batch): health, reset, reboot or
+        faults of the named nodes, with the operation's options from the body."""
+        from lab import ladder
+
+        nodes = body.get("nodes")
+        if not isinstance(nodes, list) or not nodes or not all(is_node_name(n) for n in nodes):
+            raise LabError("nodes: a non-empty list of valid node names is required")
+        allowed = {"health": {"peek"}, "reset": {"gpu", "timeout"}, "reboot": {"timeout"}}
+        allowed["faults"] = {"health_failures", "reset", "reboot"}
+        if what not in allowed:
+            raise LabError(f"operation: {what!r} is not one of {', '.join(allowed)}")
+        extra = sorted(set(body) - {"nodes"} - allowed[what])
+        if extra:
+            raise LabError(f"{what}: unknown option(s) {', '.join(extra)}")
+        kw = {k: v for k, v in body.items() if k != "nodes"}
+        return ladder.batch(self.cfg, what, [str(n) for n in nodes], **kw)
 
     def _is_real(self, node: str) -> bool:
         if not self.cfg.real_nodes:
@@ -187,12 +219,36 @@ class PoolController:
         node, pool = item["node"], self.pool_of(item["node"])
         if pool is None:  # reconcile() only queues names from a pool's headroom
             raise LabError(f"pool-controller: pending node {node!r} belongs to no pool of this lab")
+        if self.cfg.pods:
+            self._provision_real(node, pool)
+        else:
+            self._provision_host(node, pool, bool(item.get("real")))
+        with self.lock:
+            self.state["pending"] = [x for x in self.state["pending"] if x["node"] != node]
+            self.state["members"][pool.name].append(node)
+            self._save()
+        self._sync_simulator()
+        with self.lock:
+            self._event("replacement_ready", node, pool.name)
+            self._save()
+
+    def _provision_real(self, node: str, pool: PoolConfig) -> None:
+        """A pods lab's new instance: a real node with the spare label and taint; the slurmd
+        DaemonSet's pod on it registers the node in Slurm, drained as a hot spare."""
+        from lab import nodepods
+        from lab.nodes import cluster
+
+        self._sync_simulator()  # its GPUs (and kernel log) exist before its pods ask for them
+        cluster.add(self.cfg.run_dir, node, node_labels(pool, True), node_taints(True), pool.gpus_per_node)
+        nodepods.wait_slurmd_ready(self.cfg, [node], timeout=180)
+
+    def _provision_host(self, node: str, pool: PoolConfig, real: bool) -> None:
         drain = ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={SPARE_REASON}"]
         # drained before its slurmd registers, so no job can land on it in between
         slurm.run(self.cfg, drain)
         slurm.start_slurmd(self.cfg, [node])
         watch.start(self.cfg, [node])  # reads the kernel log the simulator creates at the sync below
-        if item.get("real"):
+        if real:
             from lab.nodes import cluster
 
             # a fresh real node: its own namespaces, containerd, kubelet; Ready with its GPUs
@@ -206,14 +262,6 @@ class PoolController:
             kube.add_nodes(self.cfg.kubeconfig, [spec], timeout=60)
         slurm.wait_nodes_registered(self.cfg, [node], timeout=30)
         slurm.run(self.cfg, drain)  # the reason does not survive registration of a FUTURE node
-        with self.lock:
-            self.state["pending"] = [x for x in self.state["pending"] if x["node"] != node]
-            self.state["members"][pool.name].append(node)
-            self._save()
-        self._sync_simulator()
-        with self.lock:
-            self._event("replacement_ready", node, pool.name)
-            self._save()
 
     def _sync_simulator(self) -> None:
         models = {}
@@ -238,7 +286,47 @@ class PoolController:
             time.sleep(interval)
 
 
-def _handler(ctl: PoolController) -> type[BaseHTTPRequestHandler]:
+# the identity a pods lab's pool API trusts: the runner's ServiceAccount (components.runner)
+RUNNER_SUBJECT = "system:serviceaccount:autoheal:autoheal-runner"
+BODY_LIMIT = 64 * 1024  # a batch of a few hundred node names
+
+
+class TokenReviewer:
+    """Who a bearer token is, asked of the API server (TokenReview) with the lab's admin
+    credentials, as a cloud's IAM trusts a pod's projected ServiceAccount token (IRSA); answers
+    are kept for a minute so a storm's calls cost one review."""
+
+    TTL = 60.0
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self._seen: dict[str, tuple[float, str | None]] = {}
+        self._lock = threading.Lock()
+
+    def user(self, token: str) -> str | None:
+        import hashlib
+
+        key = hashlib.sha256(token.encode()).hexdigest()
+        with self._lock:
+            hit = self._seen.get(key)
+            if hit and time.monotonic() - hit[0] < self.TTL:
+                return hit[1]
+        from lab import kube
+
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        with kube.http_client(self.kubeconfig, pool=1, timeout=10) as http:
+            r = http.post("/apis/authentication.k8s.io/v1/tokenreviews", json=review)
+        status = r.json().get("status", {}) if r.status_code == 201 else {}
+        user = status.get("user", {}).get("username") if status.get("authenticated") else None
+        with self._lock:
+            self._seen[key] = (time.monotonic(), user)
+        return user
+
+
+def _handler(ctl: PoolController, reviewer: TokenReviewer | None = None) -> type[BaseHTTPRequestHandler]:
+    """The pool API. With a `reviewer` (the listener on the lab bridge, which pods reach) every
+    call needs the runner's ServiceAccount token; the loopback listener is the host's own."""
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -251,22 +339,48 @@ def _handler(ctl: PoolController) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def _allowed(self) -> bool:
+            if reviewer is None:
+                return True
+            auth = self.headers.get("Authorization") or ""
+            token = auth[7:].strip() if auth.startswith("Bearer ") else ""
+            user = reviewer.user(token) if token else None
+            if user != RUNNER_SUBJECT:
+                self._reply(
+                    401 if user is None else 403, {"error": "the runner's ServiceAccount token is required"}
+                )
+                return False
+            return True
+
         def do_GET(self) -> None:
-            if self.path in ("/v1/pools", "/healthz"):
-                self._reply(200, ctl.status())
+            if self.path == "/healthz":
+                self._reply(200, {"ok": True})
+            elif self.path == "/v1/pools":
+                if self._allowed():
+                    self._reply(200, ctl.status())
             else:
                 self._reply(404, {"error": "not found"})
 
         def do_POST(self) -> None:
-            if self.path != "/v1/retire":
+            if not (self.path == "/v1/retire" or self.path.startswith("/v1/ladder/")):
                 self._reply(404, {"error": "not found"})
                 return
+            if not self._allowed():
+                return
             try:
-                body = json.loads(self.rfile.read(min(int(self.headers.get("Content-Length") or 0), 4096)))
-                node = body.get("node") if isinstance(body, dict) else None
-                if not is_node_name(node):
-                    raise LabError("node: a valid node name is required")
-                self._reply(200, ctl.retire(str(node)))
+                size = int(self.headers.get("Content-Length") or 0)
+                if size > BODY_LIMIT:
+                    raise LabError(f"body: {size} bytes is more than {BODY_LIMIT}")
+                body = json.loads(self.rfile.read(size) or b"{}")
+                if not isinstance(body, dict):
+                    raise LabError("body: a JSON object is required")
+                if self.path == "/v1/retire":
+                    node = body.get("node")
+                    if not is_node_name(node):
+                        raise LabError("node: a valid node name is required")
+                    self._reply(200, ctl.retire(str(node)))
+                    return
+                self._reply(200, ctl.ladder(self.path.rsplit("/", 1)[1], body))
             except (LabError, ValueError) as exc:
                 self._reply(400, {"error": str(exc)})
 
@@ -288,18 +402,15 @@ def start(cfg: LabConfig) -> None:
 
 
 def client_status(cfg: LabConfig) -> dict[str, Any]:
-    r = httpx.get(cfg.url("pool_controller", "/v1/pools"), timeout=5)
-    r.raise_for_status()
-    data: dict[str, Any] = r.json()
-    return data
+    from lab.poolapi import PoolApi
+
+    return PoolApi.of_lab(cfg).status()
 
 
 def client_retire(cfg: LabConfig, node: str) -> dict[str, Any]:
-    r = httpx.post(cfg.url("pool_controller", "/v1/retire"), json={"node": node}, timeout=60)
-    data: dict[str, Any] = r.json()
-    if r.status_code != 200:
-        raise LabError(f"pool-controller: {data.get('error', r.text)}")
-    return data
+    from lab.poolapi import PoolApi
+
+    return PoolApi.of_lab(cfg).retire(node)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -313,6 +424,15 @@ def main(argv: list[str] | None = None) -> None:
     ctl = PoolController(cfg, cfg.provision_delay)
     server = ThreadingHTTPServer(("127.0.0.1", cfg.port("pool_controller")), _handler(ctl))
     server.daemon_threads = True
+    if cfg.pods:  # the runner's pod calls from the lab bridge, with its ServiceAccount token
+        from lab.nodes import cluster
+
+        gateway = cluster.context(cfg.run_dir).net.gateway
+        bridge = ThreadingHTTPServer(
+            (gateway, cfg.port("pool_controller")), _handler(ctl, TokenReviewer(cfg.kubeconfig))
+        )
+        bridge.daemon_threads = True
+        threading.Thread(target=bridge.serve_forever, daemon=True).start()
     threading.Thread(target=ctl.run_forever, daemon=True).start()
     server.serve_forever()
 

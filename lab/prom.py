@@ -107,6 +107,29 @@ def start_alertmanager(cfg: LabConfig) -> None:
     )
 
 
+def start_bridge(cfg: LabConfig, gateway: str) -> None:
+    """Alertmanager's API on the lab bridge as well (a forwarder to its loopback port), for the
+    XID watchers that run as pods on a pods lab's nodes; the host's own callers keep loopback."""
+    import socket
+    import sys
+
+    port = cfg.port("alertmanager")
+    argv = [
+        sys.executable,
+        "-m",
+        "lab.nodes.apiproxy",
+        f"--listen={gateway}:{port}",
+        f"--to=127.0.0.1:{port}",
+    ]
+    proc = procs.spawn("alertmanager-bridge", argv, cfg.run_dir)
+
+    def listening() -> bool:
+        with socket.create_connection((gateway, port), timeout=1):
+            return True
+
+    procs.wait_until(listening, 15, "alertmanager-bridge", proc)
+
+
 def wait_pipeline(cfg: LabConfig, timeout: float = 30.0) -> None:
     """Ready means alerts can flow: the simulator scraped and Alertmanager discovered."""
 

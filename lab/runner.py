@@ -28,7 +28,7 @@ from autoheal import proc as kernel
 from autoheal.errors import LabError
 from autoheal.paths import data_root
 from lab import procs
-from lab.config import LabConfig
+from lab.config import RUNNER_NAMESPACE, RUNNER_NODE_PORT, LabConfig
 
 if TYPE_CHECKING:
     from lab.postgres import PostgresServer
@@ -85,9 +85,13 @@ def journal_dsn(cfg: LabConfig) -> str:
 
 def open_journal(cfg: LabConfig) -> Journal | None:
     """The runners' journal, SQLite or PostgreSQL, or None while it does not exist yet (the
-    caller closes it)."""
+    caller closes it). A pods lab's runner keeps its SQLite file on its PersistentVolume, which
+    the lab's provisioner backs with a directory of this host."""
     from remediation.journal import Journal
 
+    if cfg.pods:
+        found = pod_journal_path(cfg)
+        return Journal(found) if found is not None and found.exists() else None
     if cfg.runner_journal == "postgres":
         proc = procs.read_proc(cfg.run_dir, POSTGRES)
         return Journal.postgres(journal_dsn(cfg)) if proc is not None and procs.is_alive(proc) else None
@@ -249,3 +253,105 @@ def start(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> None:
             },
             cwd=REPO,
         )
+
+
+# -- the runner as the stack's pod (slurm: pods) --------------------------------------------------
+
+PROXY = "runner-proxy"  # the host's way in to that Service (lab.nodes.apiproxy --node-port)
+
+
+def _kube_get(cfg: LabConfig, path: str) -> Any:
+    from lab import kube
+
+    with kube.http_client(cfg.kubeconfig, pool=1, timeout=10) as http:
+        r = http.get(path)
+        r.raise_for_status()
+        return r.json()
+
+
+def start_pod_path(cfg: LabConfig, timeout: float = 180) -> None:
+    """After `pulumi up`: Alertmanager gets the webhook token the stack generated (the Secret the
+    runner reads; Alertmanager reads its credentials file at each delivery), the host's forwarder
+    to the runner's NodePort starts on the runner's lab port, and the runner is waited for until
+    its /readyz passes (API server and slurmctld both answer it)."""
+    import base64
+
+    from components.runner import TOKEN_KEY, TOKEN_SECRET_NAME
+
+    secret = _kube_get(cfg, f"/api/v1/namespaces/{RUNNER_NAMESPACE}/secrets/{TOKEN_SECRET_NAME}")
+    token = cfg.run_dir / "runner.token"
+    token.write_bytes(base64.b64decode(secret["data"][TOKEN_KEY]))
+    token.chmod(0o600)
+    argv = [
+        sys.executable,
+        "-m",
+        "lab.nodes.apiproxy",
+        f"--listen=127.0.0.1:{cfg.port('runner')}",
+        f"--node-port={cfg.run_dir}:{RUNNER_NODE_PORT}",
+    ]
+    proc = procs.spawn(PROXY, argv, cfg.run_dir)
+    last = ""
+
+    def ready() -> bool:
+        nonlocal last
+        try:
+            last = pod_readyz(cfg)
+            return True
+        except Exception as exc:
+            last = str(exc)
+            return False
+
+    try:
+        procs.wait_until(ready, timeout, "the runner's pod (/readyz through its Service)", proc)
+    except LabError as exc:
+        raise LabError(f"{exc}; last answer: {last}") from None
+
+
+def pod_readyz(cfg: LabConfig) -> str:
+    """`ready`, or an error carrying the runner's own causes (one per line of its /readyz)."""
+    r = httpx.get(cfg.url("runner", "/readyz"), timeout=3)
+    if r.status_code != 200:
+        raise LabError(f"runner pod not ready: {r.text.strip()[:300]}")
+    return "ready"
+
+
+def pod_journal_path(cfg: LabConfig) -> Path | None:
+    """Where the runner pod's SQLite journal lies on this host: its claim's volume directory."""
+    from components.runner import RUNNER_NAME
+    from lab.nodes import cluster
+
+    claim = f"{RUNNER_NAME}-journal"
+    try:
+        pvc = _kube_get(cfg, f"/api/v1/namespaces/{RUNNER_NAMESPACE}/persistentvolumeclaims/{claim}")
+        volume = pvc["spec"].get("volumeName")
+        if not volume:
+            return None
+        pv = _kube_get(cfg, f"/api/v1/persistentvolumes/{volume}")
+    except (httpx.HTTPError, LabError):
+        return None
+    host = (pv["spec"].get("hostPath") or {}).get("path")
+    if not host or not Path(host).is_relative_to(cluster.volumes_dir(cfg.run_dir)):
+        return None
+    return Path(host) / "journal.sqlite"
+
+
+def stack_pods(cfg: LabConfig) -> list[tuple[str, bool, str]]:
+    """(name, ready, detail) for each pod of the stack's Slurm and runner namespaces; the detail
+    of a pod that is not Ready is its unready containers' states and last log lines."""
+    from lab.nodes import podreport
+
+    out = []
+    for ns in ("slurm", RUNNER_NAMESPACE):
+        try:
+            pods = _kube_get(cfg, f"/api/v1/namespaces/{ns}/pods")["items"]
+        except (httpx.HTTPError, LabError) as exc:
+            out.append((f"pods/{ns}", False, str(exc)[:200]))
+            continue
+        for pod in pods:
+            name = f"pod/{pod['metadata']['name']}"
+            conds = {c["type"]: c["status"] for c in (pod.get("status") or {}).get("conditions") or []}
+            if conds.get("Ready") == "True":
+                out.append((name, True, f"Ready on {pod['spec'].get('nodeName', '?')}"))
+            else:
+                out.append((name, False, podreport.describe(cfg.kubeconfig, pod)))
+    return out

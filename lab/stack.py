@@ -8,9 +8,9 @@ A lab with real nodes runs what it declares: the images are the ones `autoheal i
 for it, by digest; SlurmCluster is awaited (its volumes come from the lab's provisioner), the
 login Service is a NodePort reachable from this host, and the lab's own ssh key (ssh_key()) is
 the declared authorized key. slurmctld, login and the runner are pinned to real nodes (a pod
-on a KWOK node never runs, and real slurmds could not reach a controller there), the XID
-watchers run the lab's runner image, and no dcgm-exporter is declared: the lab's GPU simulator
-serves the DCGM metrics.
+on a KWOK node never runs, and real slurmds could not reach a controller there; in a pods lab,
+to its system node, away from the GPU nodes the runbook drains), the XID watchers run the lab's
+runner image, and no dcgm-exporter is declared: the lab's GPU simulator serves the DCGM metrics.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def built_images(cfg: LabConfig) -> dict[str, str]:
 
 
 def _real_node_config(cfg: LabConfig, conf: dict[str, Any]) -> None:
-    from lab.nodes.cluster import REAL_NODE_LABEL
+    from lab.nodes.cluster import REAL_NODE_LABEL, SYSTEM_LABEL
 
     images = built_images(cfg)
     slurm = conf.setdefault("autoheal:slurm", {})
@@ -79,14 +79,84 @@ def _real_node_config(cfg: LabConfig, conf: dict[str, Any]) -> None:
     # every lab node is a GPU node; the system pods go to real ones (a KWOK pod never runs)
     pool_taints = [t for p in conf.get("autoheal:pools") or [] for t in p.get("taints", [])]
     for part in (slurm, runner):
-        part["nodeSelector"] = {REAL_NODE_LABEL: "true"}
-        part["tolerateTaints"] = pool_taints
+        if cfg.pods:  # the system node (lab.nodes.cluster.SYSTEM_NODE): no GPU, no taint
+            part["nodeSelector"] = {SYSTEM_LABEL: "true"}
+        else:
+            part["nodeSelector"] = {REAL_NODE_LABEL: "true"}
+            part["tolerateTaints"] = pool_taints
     key = ssh_key(cfg).with_suffix(".pub").read_text().strip()
     slurm["authorizedKeys"] = [*slurm.get("authorizedKeys", []), key]
     slurm["loginServiceType"] = "NodePort"
     slurm["waitForRollout"] = True
     # a lab's disks are small: the declared sizes are capacity numbers only (hostPath)
     slurm.setdefault("storage", {}).update(stateSize="1Gi", homeSize="1Gi", checkpointSize="1Gi")
+    if cfg.pods:
+        _pods_config(cfg, slurm, runner, monitoring)
+
+
+# the lab's Python, as the software tree the jobs run (components/slurm/storage.py SoftwareVolume)
+SOFTWARE_PYTHON = "/opt/sw/python"
+SOFTWARE_SITE = "/opt/sw/site-packages"
+
+
+def job_environment() -> dict[str, str]:
+    """What a job needs to run the lab's Python from the software tree inside a slurmd pod: the
+    interpreter finds its standard library beside itself; its shared library and the packages
+    (PyTorch) are named, because their host paths are not the pod's."""
+    return {
+        "PYTHON": f"{SOFTWARE_PYTHON}/bin/python3",
+        "PYTHONPATH": SOFTWARE_SITE,
+        "LD_LIBRARY_PATH": f"{SOFTWARE_PYTHON}/lib",
+    }
+
+
+def _site_packages() -> str:
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+def _pods_config(
+    cfg: LabConfig, slurm: dict[str, Any], runner: dict[str, Any], monitoring: dict[str, Any]
+) -> None:
+    """Slurm and the runner as pods: the runner's Service on a fixed node port (the host's way
+    in, lab.runner.PROXY), its plays pointed at the pool controller's API on the lab bridge (the
+    lab's cloud, which trusts the runner's ServiceAccount token as IRSA would), the lab's
+    budgets and grace period, and the lab's Python mounted for the jobs. The XID watchers are
+    the stack's DaemonSet, reading the kernel log the GPU simulator writes for their node and
+    posting to the lab's Alertmanager on the bridge (lab.prom.start_bridge)."""
+    import sys
+
+    from lab import watch
+    from lab.config import RUNNER_NODE_PORT
+    from lab.nodes import cluster
+    from remediation.incluster import SA_DIR
+
+    gateway = cluster.context(cfg.run_dir).net.gateway
+    monitoring.update(
+        alertmanagerUrl=f"http://{gateway}:{cfg.port('alertmanager')}",
+        watcherKernelLogDir=str(watch.kmsg_dir(cfg)),
+        # the lab injects, clears and injects again within minutes: short-lived alerts
+        watcherResendSeconds=5,
+        watcherHoldSeconds=20,
+    )
+    runner.update(serviceType="NodePort", nodePort=RUNNER_NODE_PORT)
+    settings = runner.setdefault("settings", {})
+    pool_size = sum(p.size + p.spares for p in cfg.pools)
+    settings.setdefault("budgets", {"max_nodes": max(1, pool_size // 3), "max_pool_percent": 34})
+    settings.setdefault("play_vars", {}).update(
+        {
+            "autoheal_backend": "lab",
+            "autoheal_lab_url": f"http://{gateway}:{cfg.port('pool_controller')}",
+            "autoheal_lab_token_file": str(SA_DIR / "token"),
+            "autoheal_grace_seconds": cfg.grace_seconds,
+        }
+    )
+    slurm["graceSeconds"] = cfg.grace_seconds
+    slurm["software"] = [
+        {"name": "sw-python", "mountPath": SOFTWARE_PYTHON, "hostPath": sys.base_prefix},
+        {"name": "sw-site", "mountPath": SOFTWARE_SITE, "hostPath": _site_packages()},
+    ]
 
 
 def _config_file(cfg: LabConfig) -> Path:

@@ -30,6 +30,10 @@ DNS_READY_PORT = 8181
 # On every real node: the lab stack pins slurmctld, the login node and the runner to real nodes
 # (a pod on a KWOK node never runs, and real slurmds could not reach a controller there).
 REAL_NODE_LABEL = "autoheal.io/lab-real-node"
+# A pods lab's system node: no GPUs, in no pool; slurmctld, login and the runner run there, as a
+# cloud cluster keeps them on a system node group, so a GPU node's drain never evicts them.
+SYSTEM_NODE = "lab-system"
+SYSTEM_LABEL = "autoheal.io/lab-system"
 
 
 def _quiet(_: str) -> None:
@@ -298,6 +302,13 @@ def remove(run_dir: Path, name: str) -> bool:
     return True
 
 
+def restart(run_dir: Path, name: str, timeout: float = 300) -> None:
+    """Reboot a real node: everything on it stops at once, then it starts again with the same
+    index (so the same address and pod range) and re-registers with its Node object."""
+    node.start(context(run_dir), spec(run_dir, name), timeout=timeout)
+    sync_routes(run_dir)
+
+
 def sync_routes(run_dir: Path) -> None:
     ctx = context(run_dir)
     live: dict[int, int] = {}
@@ -314,7 +325,7 @@ def status(run_dir: Path) -> dict[str, bool]:
     running = procs.running(run_dir)
     out = {s: s in running for s in LAB_SERVICES}
     for name in names(run_dir):
-        for service in node.SERVICES:
+        for service in node.services(spec(run_dir, name)):
             out[node.proc_name(name, service)] = node.proc_name(name, service) in running
     return out
 

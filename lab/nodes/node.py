@@ -223,19 +223,20 @@ def start(ctx: LabContext, spec: NodeSpec, timeout: float = 180, progress: Progr
             [str(kube.tool_path("kube-proxy")), f"--config={paths.etc / 'kube-proxy.yaml'}", "--v=1"],
             holder.pid,
         )
-        _spawn(
-            ctx,
-            spec,
-            "gpu-plugin",
-            [
-                str(kube.tool_path("autoheal-gpu-device-plugin")),
-                f"--node={spec.name}",
-                f"--gpus={spec.gpus}",
-                f"--dev-dir={paths.gpu_dev_dir}",
-                f"--simulator-state={ctx.simulator_state}",
-            ],
-            holder.pid,
-        )
+        if spec.gpus:  # a node without GPUs (a pods lab's system node) runs no device plugin
+            _spawn(
+                ctx,
+                spec,
+                "gpu-plugin",
+                [
+                    str(kube.tool_path("autoheal-gpu-device-plugin")),
+                    f"--node={spec.name}",
+                    f"--gpus={spec.gpus}",
+                    f"--dev-dir={paths.gpu_dev_dir}",
+                    f"--simulator-state={ctx.simulator_state}",
+                ],
+                holder.pid,
+            )
         wait_ready(ctx, spec, max(1.0, deadline - time.monotonic()), kl)
     except BaseException:
         stop(ctx, spec)
@@ -324,6 +325,11 @@ def stop_service(ctx: LabContext, spec: NodeSpec, service: str) -> bool:
     return procs.stop(ctx.run_dir, proc_name(spec.name, service))
 
 
+def services(spec: NodeSpec) -> tuple[str, ...]:
+    """The node's processes (in stop order): no device plugin on a node without GPUs."""
+    return SERVICES if spec.gpus else tuple(s for s in SERVICES if s != "gpu-plugin")
+
+
 def is_running(ctx: LabContext, spec: NodeSpec) -> dict[str, bool]:
     live = procs.running(ctx.run_dir)
-    return {s: proc_name(spec.name, s) in live for s in SERVICES}
+    return {s: proc_name(spec.name, s) in live for s in services(spec)}

@@ -50,6 +50,27 @@ def _unready_containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _describe(http: httpx.Client, pod: dict[str, Any]) -> list[str]:
+    meta = pod["metadata"]
+    where = f"{meta['namespace']}/{meta['name']}"
+    unready = _unready_containers(pod)
+    lines: list[str] = []
+    if not unready:
+        reason = ((pod.get("status") or {}).get("conditions") or [{}])[0].get("message", "")
+        lines.append(f"pod {where}: {(pod.get('status') or {}).get('phase', '?')} {reason}".rstrip())
+    for c in unready:
+        lines.append(f"pod {where} container {c['name']}: {_state(c)}")
+        previous = bool((c.get("lastState") or {}).get("terminated"))
+        lines += [f"    {line}" for line in _logs(http, meta["namespace"], meta["name"], c["name"], previous)]
+    return lines
+
+
+def describe(kubeconfig: Path, pod: dict[str, Any]) -> str:
+    """Why one pod is not Ready: its unready containers' states and last log lines."""
+    with kube.http_client(kubeconfig, pool=1) as http:
+        return "\n".join(_describe(http, pod))
+
+
 def report(kubeconfig: Path, namespaces: list[str] | None = None) -> str:
     """One block per unready container of every pod not Ready (in `namespaces`, or all)."""
     lines: list[str] = []
@@ -62,16 +83,5 @@ def report(kubeconfig: Path, namespaces: list[str] | None = None) -> str:
             conds = {c["type"]: c["status"] for c in (pod.get("status") or {}).get("conditions") or []}
             if conds.get("Ready") == "True" or (pod.get("status") or {}).get("phase") == "Succeeded":
                 continue
-            where = f"{meta['namespace']}/{meta['name']}"
-            unready = _unready_containers(pod)
-            if not unready:
-                reason = ((pod.get("status") or {}).get("conditions") or [{}])[0].get("message", "")
-                lines.append(f"pod {where}: {pod['status'].get('phase', '?')} {reason}".rstrip())
-            for c in unready:
-                lines.append(f"pod {where} container {c['name']}: {_state(c)}")
-                previous = bool((c.get("lastState") or {}).get("terminated"))
-                lines += [
-                    f"    {line}"
-                    for line in _logs(http, meta["namespace"], meta["name"], c["name"], previous)
-                ]
+            lines += _describe(http, pod)
     return "\n".join(lines)

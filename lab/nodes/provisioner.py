@@ -97,7 +97,11 @@ def sync(http: httpx.Client, root: Path) -> tuple[int, int]:
     created = deleted = 0
     for claim in _claims_to_provision(http):
         pv = volume_for(claim, root)
-        Path(pv["spec"]["hostPath"]["path"]).mkdir(parents=True, exist_ok=True)
+        # world-writable, as rancher's local-path-provisioner makes them: a hostPath volume gets no
+        # fsGroup ownership, and its pods (the runner as Slurm's uid, jobs as the cluster user) write
+        volume = Path(pv["spec"]["hostPath"]["path"])
+        volume.mkdir(parents=True, exist_ok=True)
+        volume.chmod(0o777)
         r = http.post("/api/v1/persistentvolumes", json=pv)
         if r.status_code == 201:
             created += 1

@@ -9,7 +9,6 @@ Skipped only when the real-node tools are missing (as tests/nodes). Prints what 
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from lab import kube, stack
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
+from lab.login import Login
 from lab.nodes import podreport
 from tests.nodes.conftest import require_real_nodes
 from tests.support import port_base, wait_for
@@ -57,48 +57,8 @@ def _start_seconds(pod: dict[str, Any]) -> float:
     return (datetime.fromisoformat(ready["lastTransitionTime"]) - made).total_seconds()
 
 
-class Login:
-    """ssh to the login Service's NodePort, checking the host key the stack generated."""
-
-    def __init__(self, cfg: LabConfig, tmp: Path) -> None:
-        svc = _get(cfg, f"/api/v1/namespaces/{NS}/services/slurm-login")
-        self.port = svc["spec"]["ports"][0]["nodePort"]
-        node = _get(cfg, "/api/v1/nodes")["items"][0]
-        self.host = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
-        secret = _get(cfg, f"/api/v1/namespaces/{NS}/secrets/slurm-login-hostkey")
-        import base64
-
-        host_key = base64.b64decode(secret["data"]["ssh_host_ed25519_key.pub"]).decode().split()
-        self.known_hosts = tmp / "known_hosts"
-        self.known_hosts.write_text(f"[{self.host}]:{self.port} {host_key[0]} {host_key[1]}\n")
-        self.key = stack.ssh_key(cfg)
-
-    def run(self, command: str, stdin: str = "", check: bool = True) -> subprocess.CompletedProcess[str]:
-        argv = [
-            "ssh",
-            "-i",
-            str(self.key),
-            "-o",
-            f"UserKnownHostsFile={self.known_hosts}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ConnectTimeout=10",
-            "-p",
-            str(self.port),
-            f"researcher@{self.host}",
-            command,
-        ]
-        res = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=60, check=False)
-        if check:
-            assert res.returncode == 0, f"ssh {command!r}: exit {res.returncode}: {res.stderr}"
-        return res
-
-
 def _job_state(login: Login, job: str) -> str:
-    out = login.run(f"scontrol show job {job} -o").stdout
+    out = login.run(f"scontrol show job {job} -o")
     return next(f.split("=", 1)[1] for f in out.split() if f.startswith("JobState="))
 
 
@@ -141,22 +101,22 @@ def test_pulumi_up_on_real_nodes_then_sbatch_over_ssh_runs_in_the_slurmd_pods(tm
             "state-slurmctld-0": "Bound",
         }
 
-        login = Login(cfg, tmp_path)
+        login = Login(cfg)  # ssh to the login Service, its host key checked
         # the Slurm nodes are the Kubernetes nodes, found by themselves (dynamic nodes)
-        assert login.run("sinfo -h -N -p h100 -o '%N %t'").stdout.split("\n")[:2] == [
+        assert login.run("sinfo -h -N -p h100 -o '%N %t'").split("\n")[:2] == [
             "gpu-1 idle",
             "gpu-2 idle",
         ]
-        assert "JOBID" in login.run("squeue").stdout
+        assert "JOBID" in login.run("squeue")
         t1 = time.monotonic()
-        job = login.run("cat > job.sh && sbatch --parsable job.sh", stdin=JOB).stdout.strip()
+        job = login.run("cat > job.sh && sbatch --parsable job.sh", stdin=JOB).strip()
         wait_for(
             lambda: _job_state(login, job) in ("COMPLETED", "FAILED", "CANCELLED"), 90, f"job {job} to end"
         )
         round_trip = time.monotonic() - t1
         assert _job_state(login, job) == "COMPLETED"
         print(f"[slurm pods] sbatch over ssh -> 2-node job COMPLETED: {round_trip:.1f}s")
-        lines = sorted(login.run(f"cat job-{job}.out").stdout.split("\n")[:2])
+        lines = sorted(login.run(f"cat job-{job}.out").split("\n")[:2])
         # each step ran inside a slurmd pod (its hostname), as that node, with the one GPU it got
         assert lines == sorted([f"{slurmd['gpu-1']} gpu-1 0", f"{slurmd['gpu-2']} gpu-2 0"]), lines
 
@@ -164,7 +124,7 @@ def test_pulumi_up_on_real_nodes_then_sbatch_over_ssh_runs_in_the_slurmd_pods(tm
         with kube.http_client(cfg.kubeconfig, pool=1) as http:
             r = http.delete(f"/api/v1/namespaces/{NS}/pods/{slurmd['gpu-1']}")
             assert r.status_code == 200, r.text
-        wait_for(lambda: "gpu-1" not in login.run("sinfo -h -N -o %N").stdout, 60, "gpu-1 to leave Slurm")
+        wait_for(lambda: "gpu-1" not in login.run("sinfo -h -N -o %N"), 60, "gpu-1 to leave Slurm")
         t2 = time.monotonic()
         wait_for(
             lambda: any(
@@ -178,7 +138,7 @@ def test_pulumi_up_on_real_nodes_then_sbatch_over_ssh_runs_in_the_slurmd_pods(tm
         print(
             f"[slurm pods] a deleted slurmd pod's node left Slurm; its successor rejoined in {time.monotonic() - t2:.1f}s"
         )
-        assert "gpu-1 idle" in login.run("sinfo -h -N -p h100 -o '%N %t'").stdout
+        assert "gpu-1 idle" in login.run("sinfo -h -N -p h100 -o '%N %t'")
 
         # a pod that never becomes Ready is explained: pod, container, state and its last log lines
         _crashing_pod(cfg, next(c["image"] for c in pods[0]["spec"]["containers"]))

@@ -198,12 +198,7 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
     slurm.start_slurmctld(cfg)
     _step(progress, f"{len(nodes)} slurmd")
     slurm.start_slurmd(cfg, nodes)
-    _step(progress, "GPU simulator")
-    start_simulator(cfg)
-    _step(progress, "prometheus + alertmanager")
-    prom.write_config(cfg)
-    prom.start_alertmanager(cfg)
-    prom.start_prometheus(cfg)
+    _start_monitoring(cfg, progress)
     if watch.enabled(cfg):
         _step(progress, f"{len(hardware_nodes(cfg))} XID watchers")
         watch.start(cfg, hardware_nodes(cfg))
@@ -240,12 +235,7 @@ def _start_pods_lab(cfg: LabConfig, progress: Progress) -> None:
     from lab import runner, stack
     from lab.nodes import cluster
 
-    _step(progress, "GPU simulator")
-    start_simulator(cfg)
-    _step(progress, "prometheus + alertmanager")
-    prom.write_config(cfg)
-    prom.start_alertmanager(cfg)
-    prom.start_prometheus(cfg)
+    _start_monitoring(cfg, progress)
     _step(progress, "real-node network")
     advertise = cluster.prepare(cfg.run_dir).gateway
     prom.start_bridge(cfg, advertise)  # the stack's XID watchers post to Alertmanager from the nodes
@@ -267,6 +257,16 @@ def _start_pods_lab(cfg: LabConfig, progress: Progress) -> None:
     progress(f"pulumi up: {summary} in {took:.1f}s")
     _step(progress, "the runner's Service for Alertmanager")
     runner.start_pod_path(cfg)
+
+
+def _start_monitoring(cfg: LabConfig, progress: Progress) -> None:
+    """The GPU simulator, then Prometheus and Alertmanager loaded with what autoheal ships."""
+    _step(progress, "GPU simulator")
+    start_simulator(cfg)
+    _step(progress, "prometheus + alertmanager")
+    prom.write_config(cfg)
+    prom.start_alertmanager(cfg)
+    prom.start_prometheus(cfg)
 
 
 def start_simulator(cfg: LabConfig) -> None:

@@ -75,14 +75,7 @@ def reboot_many(cfg: LabConfig, nodes: list[str], timeout: float = REBOOT_TIMEOU
     if cfg.pods:
         return _reboot_real(cfg, nodes, timeout)
     procs.stop_many(cfg.run_dir, [slurm.slurmd_name(n) for n in nodes])
-    out: dict[str, Any] = {}
-    with ThreadPoolExecutor(max(1, min(BATCH_WORKERS, len(nodes)))) as pool:
-        posted = {n: pool.submit(_post, cfg, "/v1/reboot", {"node": n}, timeout) for n in nodes}
-    for n, fut in posted.items():
-        try:
-            fut.result()
-        except LabError as exc:
-            out[n] = exc  # hung or failed: its slurmd stays down, as the node would
+    out: dict[str, Any] = _gpu_reboots(cfg, nodes, timeout)
     back = [n for n in nodes if n not in out]
     if back:
         slurm.start_slurmd(cfg, back)
@@ -94,6 +87,25 @@ def reboot_many(cfg: LabConfig, nodes: list[str], timeout: float = REBOOT_TIMEOU
             for n in back:
                 if n not in states or set(states[n]["state"]) & bad:
                     out[n] = exc
+    return _rebooted(out, nodes, t0)
+
+
+def _gpu_reboots(cfg: LabConfig, nodes: list[str], timeout: float) -> dict[str, Any]:
+    """The simulator's reboots of the batch's GPUs, side by side: {node: the LabError} for each
+    that hung or failed (that node stays down, as it would)."""
+    failed: dict[str, Any] = {}
+    with ThreadPoolExecutor(max(1, min(BATCH_WORKERS, len(nodes)))) as pool:
+        posted = {n: pool.submit(_post, cfg, "/v1/reboot", {"node": n}, timeout) for n in nodes}
+    for n, fut in posted.items():
+        try:
+            fut.result()
+        except LabError as exc:
+            failed[n] = exc
+    return failed
+
+
+def _rebooted(out: dict[str, Any], nodes: list[str], t0: float) -> dict[str, Any]:
+    """`out` with a success record for every node it has no error for."""
     seconds = round(time.monotonic() - t0, 3)
     for n in nodes:
         out.setdefault(n, {"node": n, "rebooted": True, "seconds": seconds})
@@ -106,24 +118,14 @@ def _reboot_real(cfg: LabConfig, nodes: list[str], timeout: float) -> dict[str, 
     from lab import nodepods
 
     t0 = time.monotonic()
-    out: dict[str, Any] = {}
-    with ThreadPoolExecutor(max(1, min(BATCH_WORKERS, len(nodes)))) as pool:
-        posted = {n: pool.submit(_post, cfg, "/v1/reboot", {"node": n}, timeout) for n in nodes}
-    for n, fut in posted.items():
-        try:
-            fut.result()
-        except LabError as exc:
-            out[n] = exc  # hung or failed: the node stays down, as it would
+    out = _gpu_reboots(cfg, nodes, timeout)
     back = [n for n in nodes if n not in out]
     if back:
         left = max(5.0, timeout - (time.monotonic() - t0))
         for n, err in nodepods.reboot(cfg, back, left).items():
             if err is not None:
                 out[n] = err
-    seconds = round(time.monotonic() - t0, 3)
-    for n in nodes:
-        out.setdefault(n, {"node": n, "rebooted": True, "seconds": seconds})
-    return out
+    return _rebooted(out, nodes, t0)
 
 
 OPERATIONS = ("health", "reset", "reboot", "faults")  # what batch() runs (the pool API's /v1/ladder/<op>)

@@ -9,7 +9,7 @@ from tests.components.harness import ROOT, Recorded, lab_stack_raw, run_program
 LAB_PLAYBOOKS = {"gpu_fatal_xid.yml": "- hosts: localhost\n  tasks: []\n"}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def lab() -> Recorded:
     """The lab stack (Pulumi.lab.yaml) built under mocks once; tests read what it declared."""
     cfg = parse_stack_config(lab_stack_raw())

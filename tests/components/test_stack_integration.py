@@ -212,9 +212,11 @@ def test_adding_a_pool_adds_exactly_that_pools_resources(
         ("autoheal:slurm:SlurmWorkers", "slurm-workers-a100"),
         ("kubernetes:apps/v1:DaemonSet", "slurm-slurmd-a100"),
     }
-    # The generated Slurm config gains the pool's NodeSet; the controller and login roll with it.
+    # The generated Slurm config gains the pool's NodeSet; the controller and login roll with it,
+    # and the runner's copy of it (its Slurm client reads the file at each call) follows.
     assert others <= {
         ("update", "kubernetes:core/v1:ConfigMap", "slurm-config"),
+        ("update", "kubernetes:core/v1:ConfigMap", "runner-slurm"),
         ("update", "kubernetes:apps/v1:StatefulSet", "slurm-slurmctld"),
         ("update", "kubernetes:apps/v1:Deployment", "slurm-login"),
     }

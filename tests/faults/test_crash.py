@@ -19,13 +19,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from remhelp import AUTH, alert, effect_lines, free_port, payload, write_config
 
 from remediation.crashpoints import ENV as CRASH_ENV
 from remediation.executor import pid_is_play, stop_play
 from remediation.journal import Journal
 from remediation.states import IncidentState, RunStatus
 from tests.faults.faulthelp import RUNBOOK_PHASES, RunnerProcess, Sink
+from tests.remediation.remhelp import AUTH, alert, effect_lines, free_port, payload, write_config
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(240)

@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-from remhelp import AUTH, alert, effect_lines, free_port, payload, write_config
 
 from autoheal.errors import LabError
 from lab import kube
@@ -30,6 +29,7 @@ from remediation.journal import Journal
 from remediation.leader import KubeLeaseAPI, LeaseElector, Term
 from remediation.states import IncidentState
 from tests.faults.faulthelp import RUNBOOK_PHASES, RunnerProcess, Sink
+from tests.remediation.remhelp import AUTH, alert, effect_lines, free_port, payload, write_config
 from tests.support import port_base, wait_for
 
 pytestmark = pytest.mark.timeout(300)

@@ -16,12 +16,21 @@ from pathlib import Path
 
 import httpx
 import pytest
-from remhelp import AM_BIN, AUTH, Alertmanager, alert, effect_lines, free_port, payload, write_config
 
 from remediation.backoff import Backoff
 from remediation.journal import Journal
 from remediation.states import IncidentState
 from tests.faults.faulthelp import RUNBOOK_PHASES, RunnerProcess, Sink
+from tests.remediation.remhelp import (
+    AM_BIN,
+    AUTH,
+    Alertmanager,
+    alert,
+    effect_lines,
+    free_port,
+    payload,
+    write_config,
+)
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(240)

@@ -30,7 +30,7 @@ def _lab_cmd(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]
     return subprocess.run([AUTOHEAL, "lab", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kube_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     """Slurm + the Kubernetes control plane + the pool controller; no runner of the lab's own
     (the tests run the plays and the sync themselves) and no watchers (CPU)."""
@@ -112,7 +112,7 @@ def mint_token(lab: Lab, namespace: str, account: str, seconds: int = 3600) -> s
         return token
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def runner_identity(kube_lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Identity:
     """Apply the component's RBAC with the admin kubeconfig, then become the runner."""
     from remediation.incluster import InCluster, write_kubeconfig

@@ -1,4 +1,5 @@
-"""One lab for the whole session: started once, always torn down, in a temporary root."""
+"""One lab for this folder's tests: started once, always torn down (when the last of them ends, so it
+never idles under the other folders' tests), in a temporary root."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.support import port_base
 PORT_BASE = port_base(27000)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("labs")
     cfg = LabConfig(
@@ -36,7 +37,7 @@ def lab(tmp_path_factory):
         labmod.down(cfg)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def sink(lab):
     token = (lab.run_dir / "runner.token").read_text().strip()
     s = WebhookSink(lab.port("sink"), token).start()

@@ -129,7 +129,7 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     require_real_nodes()
     run_dir = tmp_path_factory.mktemp("realnodes") / "rn"

@@ -69,7 +69,7 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeou
     return res.stdout
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
     """`python -m build`: the sdist first, then the wheel built from the sdist (so a file the sdist
     forgets is missing from the wheel too)."""
@@ -82,7 +82,7 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
     return Dist(wheel, sdist, seconds)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def installed(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Installed:
     venv = tmp_path_factory.mktemp("user") / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=venv.parent)
@@ -110,7 +110,7 @@ def installed(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Installed
     return Installed(venv, venv / "share" / "autoheal")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A small lab (2 nodes + 1 spare, no Kubernetes, no runner): the slurm.conf of a real
     slurmctld for plays in check mode. Always torn down."""

@@ -1,11 +1,10 @@
 """Fixtures for the runner's tests: a config in a tmp dir, a built runtime, the stub's effects, and
-the journal on each of its engines (SQLite, and PostgreSQL on a private server for the session)."""
+the journal on each of its engines (SQLite, and PostgreSQL on a private server for this folder's tests)."""
 
 from __future__ import annotations
 
 import itertools
 import sqlite3
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +13,6 @@ from typing import Any
 import psycopg
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from remhelp import make_config
-
 from autoheal.errors import LabError
 from lab.postgres import PostgresServer, server_bin, throwaway_server
 from remediation.app import Runtime
@@ -25,9 +20,10 @@ from remediation.config import RunnerConfig
 from remediation.journal import Journal
 from remediation.kube import FakeKube
 from remediation.runtime import build
+from tests.remediation.remhelp import make_config
 from tests.support import port_base
 
-PG_PORT = port_base(24700)  # +0: the session's server; +1: a test's own server (restarted, stopped)
+PG_PORT = port_base(24700)  # +0: the folder's server; +1: a test's own server (restarted, stopped)
 _PG_DATABASES = itertools.count(1)
 
 
@@ -83,21 +79,21 @@ def _throwaway_pg(port: int) -> Iterator[PostgresServer]:
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def pg_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL server for the whole session (initdb and start: about a second)."""
+    """A PostgreSQL server for this folder's tests (initdb and start: about a second)."""
     yield from _throwaway_pg(PG_PORT)
 
 
 @pytest.fixture
 def own_pg() -> Iterator[PostgresServer]:
-    """A server of the test's own, to stop and restart (the session's serves the other tests)."""
+    """A server of the test's own, to stop and restart (the folder's serves the other tests)."""
     yield from _throwaway_pg(PG_PORT + 1)
 
 
 @pytest.fixture
 def pg_dsn(pg_server: PostgresServer) -> Iterator[str]:
-    """A fresh, empty database on the session's server, dropped after the test."""
+    """A fresh, empty database on the folder's server, dropped after the test."""
     name = f"t_{next(_PG_DATABASES)}"
     pg_server.create_database(name)
     yield pg_server.dsn(name)

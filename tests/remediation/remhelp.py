@@ -23,7 +23,7 @@ FIXTURE = HERE / "fixtures" / "alertmanager-0.25-webhook-v4-firing.json"
 TOKEN = "s3cret-token-for-tests-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
-RULES = [
+RULES: list[dict[str, Any]] = [
     {
         "name": "test rules",
         "hosts": "all",

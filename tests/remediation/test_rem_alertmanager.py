@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import uvicorn
-from remhelp import AM_BIN, Alertmanager, free_port
 
 from remediation.app import create_app
+from tests.remediation.remhelp import AM_BIN, Alertmanager, free_port
 from tests.support import wait_for
 
 pytestmark = [

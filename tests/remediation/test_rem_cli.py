@@ -6,7 +6,6 @@ import json
 
 import pytest
 import typer
-from remhelp import alert, payload, write_config
 from typer.testing import CliRunner
 
 from autoheal.xid import load_catalog
@@ -18,6 +17,7 @@ from remediation.models import WebhookPayload
 from remediation.policy import BREAKER_KEY
 from remediation.rules import load_rules
 from remediation.states import IncidentState
+from tests.remediation.remhelp import alert, payload, write_config
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from remhelp import AUTH, alert, effect_lines, free_port, payload, stop_pid, write_config
 
 from remediation.executor import find_plays, pid_is_play, stop_play
 from remediation.journal import Journal
+from tests.remediation.remhelp import AUTH, alert, effect_lines, free_port, payload, stop_pid, write_config
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(240)

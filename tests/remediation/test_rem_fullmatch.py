@@ -11,13 +11,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from remhelp import alert, make_config
 
 from autoheal.xid import load_catalog
 from remediation.executor import read_events
 from remediation.incidents import Incident, Rejected, normalise
 from remediation.models import Alert
 from remediation.rules import load_rules
+from tests.remediation.remhelp import alert, make_config
 
 SOURCES = sorted((Path(__file__).resolve().parents[2] / "remediation").glob("*.py"))
 

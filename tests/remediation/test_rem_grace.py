@@ -8,11 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from remhelp import AUTH, alert, payload
 from starlette.testclient import TestClient
 
 from autoheal.paths import data_root
 from remediation.app import create_app
+from tests.remediation.remhelp import AUTH, alert, payload
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(120)

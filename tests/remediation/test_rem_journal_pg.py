@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
-from remhelp import alert, open_incident, payload, write_config
 
 from autoheal.xid import load_catalog
 from remediation.config import load_config
@@ -26,6 +25,7 @@ from remediation.journal_db import PgRow, pg_sql, redact
 from remediation.models import WebhookPayload
 from remediation.rules import load_rules
 from remediation.states import IncidentState
+from tests.remediation.remhelp import alert, open_incident, payload, write_config
 
 TABLES = ("alerts", "incidents", "runs", "steps", "timeline", "settings")
 PG_TYPE = {"INTEGER": "bigint", "REAL": "double precision", "TEXT": "text"}

@@ -10,7 +10,6 @@ import time
 from collections import Counter
 
 import pytest
-from remhelp import AUTH, alert, effect_lines, make_config, payload
 from starlette.testclient import TestClient
 
 from remediation.app import create_app
@@ -18,6 +17,7 @@ from remediation.fencing import LEADER_KEY
 from remediation.leader import Term
 from remediation.runtime import build
 from remediation.states import IncidentState, RunStatus
+from tests.remediation.remhelp import AUTH, alert, effect_lines, make_config, payload
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(180)

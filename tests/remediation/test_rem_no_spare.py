@@ -5,12 +5,12 @@ not one page per node, however many runs the storm takes."""
 from __future__ import annotations
 
 import pytest
-from remhelp import AUTH, alert, payload
 from starlette.testclient import TestClient
 
 from remediation.app import create_app
 from remediation.notify import SpareShortage
 from remediation.worker import NO_SPARE_REASON
+from tests.remediation.remhelp import AUTH, alert, payload
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(180)

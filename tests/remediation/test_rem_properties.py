@@ -9,13 +9,13 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from remhelp import AUTH, alert, make_config, payload
 from starlette.testclient import TestClient
 
 from autoheal.names import is_node_name
 from remediation.app import create_app
 from remediation.kube import FakeKube
 from remediation.runtime import build
+from tests.remediation.remhelp import AUTH, alert, make_config, payload
 
 _TMP = Path(tempfile.mkdtemp(prefix="autoheal-prop-"))
 _RT = build(make_config(_TMP), kube=FakeKube(), with_worker=False)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from remhelp import RULES
 
 from remediation.config import load_config
 from remediation.errors import RulesError, RunnerConfigError
 from remediation.rules import load_rules, parse_condition, parse_rules
+from tests.remediation.remhelp import RULES
 
 REPO = Path(__file__).resolve().parents[2]
 

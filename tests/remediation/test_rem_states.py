@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from remhelp import open_incident
 
 from remediation.errors import IllegalTransition, JournalError
 from remediation.executor import NodeLocks
@@ -18,6 +17,7 @@ from remediation.journal import SCHEMA_VERSION, Journal
 from remediation.manual import run_by_hand
 from remediation.metrics import Metrics
 from remediation.states import CLOSED_STATES, TRANSITIONS, IncidentState, RunStatus
+from tests.remediation.remhelp import open_incident
 
 S = IncidentState
 

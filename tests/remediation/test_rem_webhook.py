@@ -6,12 +6,12 @@ import json
 from datetime import UTC, datetime
 
 import pytest
-from remhelp import AUTH, FIXTURE, TOKEN, alert, payload
 from starlette.testclient import TestClient
 
 from remediation.app import create_app
 from remediation.errors import JournalError
 from remediation.states import IncidentState
+from tests.remediation.remhelp import AUTH, FIXTURE, TOKEN, alert, payload
 
 
 @pytest.fixture

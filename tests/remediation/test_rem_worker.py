@@ -7,12 +7,12 @@ import json
 import time
 
 import pytest
-from remhelp import AUTH, alert, effect_lines, payload
 from starlette.testclient import TestClient
 
 from remediation.app import create_app
 from remediation.manual import request_cancel, reset_breaker, run_by_hand, set_paused
 from remediation.policy import breaker_state
+from tests.remediation.remhelp import AUTH, alert, effect_lines, payload
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(180)

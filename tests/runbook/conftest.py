@@ -214,7 +214,7 @@ def _kube_built() -> bool:
     return all((Path.home() / ".cache/autoheal/bin" / t).exists() for t in ("kube-apiserver", "kwok", "etcd"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def lab(tmp_path_factory) -> Any:
     if shutil.which("slurmctld") is None:
         pytest.skip("Slurm is not installed")
@@ -264,7 +264,7 @@ def lab(tmp_path_factory) -> Any:
 
 @pytest.fixture
 def fresh_lab(lab) -> Any:
-    """The session lab, restarted from empty state (for tests that retire nodes or change spares)."""
+    """The folder's lab, restarted from empty state (for tests that retire nodes or change spares)."""
     res = _lab_cmd("down", "--name", lab.name, "--root", str(lab.root), timeout=120)
     assert res.returncode == 0, res.stderr
     lab.extra["start"]()

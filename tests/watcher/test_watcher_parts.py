@@ -85,13 +85,15 @@ def test_kmsg_file_replay_window_cursor_and_gaps(tmp_path: Path):
     boot.write_text("boot-a\n")
     log = tmp_path / "kmsg"
     now_us = int(time.monotonic() * 1e6)
+    # kmsg stamps are microseconds since boot: "old" must stay positive on a machine booted a
+    # minute ago (an hour back was negative there, and the record garbage), so the window is short
     _kmsg(
         log,
-        [(0, now_us - 3_600_000_000, "old"), (1, now_us - 1_000_000, "recent"), (5, now_us, "after a gap")],
+        [(0, now_us - 30_000_000, "old"), (1, now_us - 1_000_000, "recent"), (5, now_us, "after a gap")],
     )
-    src = KmsgSource(log, None, boot, replay_seconds=60)
+    src = KmsgSource(log, None, boot, replay_seconds=5)
     lines = _take(src, 2)
-    assert [x.message for x in lines] == ["recent", "after a gap"]  # the hour-old record is not replayed
+    assert [x.message for x in lines] == ["recent", "after a gap"]  # the old record is not replayed
     assert src.stats.lost == 3 and src.stats.skipped == 1
     cursor = lines[-1].cursor
     _kmsg(log, [(6, now_us + 1, "new")])

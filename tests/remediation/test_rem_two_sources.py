@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-from test_rem_alertmanager import AM_BIN, alertmanager, runner  # noqa: F401 - fixtures
 
 from autoheal.kmsg import format_record
+from tests.remediation.test_rem_alertmanager import AM_BIN, alertmanager, runner  # noqa: F401 - fixtures
 from tests.support import wait_for
 
 pytestmark = [pytest.mark.timeout(120)]

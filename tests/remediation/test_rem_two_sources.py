@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from autoheal.kmsg import format_record
-from tests.remediation.test_rem_alertmanager import AM_BIN, alertmanager, runner  # noqa: F401 - fixtures
+from tests.remediation.remhelp import AM_BIN
+from tests.remediation.test_rem_alertmanager import alertmanager, runner  # noqa: F401 - fixtures
 from tests.support import wait_for
 
 pytestmark = [pytest.mark.timeout(120)]

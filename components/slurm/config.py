@@ -1,8 +1,9 @@
 """SlurmConfig: what every Slurm pod shares, the generated configuration and the munge key.
 
-* `slurm.conf` and a `gres-<pool>.conf` per pool in one ConfigMap, rendered by `autoheal.slurmconf`
-  (the one generator of Slurm's configuration, the lab's too). Slurm nodes are dynamic: no node
-  is named in slurm.conf; each slurmd registers under its Kubernetes node's name (workers.py);
+* `slurm.conf`, `cgroup.conf` and a `gres-<pool>.conf` per pool in one ConfigMap, rendered by
+  `autoheal.slurmconf` (the one generator of Slurm's configuration, the lab's too). Slurm nodes are
+  dynamic: no node is named in slurm.conf; each slurmd registers under its Kubernetes node's name
+  (workers.py). Jobs are confined by cgroups: a step opens only the GPUs it was given;
 * the munge key: 1 KiB of random bytes (components.secrets.RandomSecret) in a Secret, never typed
   into stack config and only ever in state as a secret.
 
@@ -26,6 +27,7 @@ import pulumi_kubernetes as k8s
 from autoheal.slurmconf import (
     SlurmConfSpec,
     SlurmPool,
+    render_cgroup_conf,
     render_gres_conf,
     render_pool_gres_conf,
     render_slurm_conf,
@@ -73,6 +75,7 @@ def slurm_conf_spec(args: SlurmConfigArgs) -> SlurmConfSpec:
         slurm_user=args.slurm_user,
         grace_seconds=args.grace_seconds,
         dynamic=True,
+        cgroups=True,
     )
 
 
@@ -89,10 +92,11 @@ class SlurmPodParts:
     config_hash: str
 
     def pool_config_volume(self, pool: str) -> k8s.core.v1.VolumeArgs:
-        """The config volume of one pool's slurmd: slurm.conf and that pool's gres.conf as the
-        `gres.conf` Slurm reads beside it (it takes no other name)."""
+        """The config volume of one pool's slurmd: slurm.conf, cgroup.conf and that pool's
+        gres.conf as the `gres.conf` Slurm reads beside it (it takes no other name)."""
         items = [
             k8s.core.v1.KeyToPathArgs(key="slurm.conf", path="slurm.conf"),
+            k8s.core.v1.KeyToPathArgs(key="cgroup.conf", path="cgroup.conf"),
             k8s.core.v1.KeyToPathArgs(key=pool_gres_key(pool), path="gres.conf"),
         ]
         return k8s.core.v1.VolumeArgs(
@@ -126,6 +130,7 @@ class SlurmConfig(SubComponent):
         data = {
             "slurm.conf": self.slurm_conf,
             "gres.conf": self.gres_conf,  # the controller's and login's: no devices of their own
+            "cgroup.conf": render_cgroup_conf(),
             **{pool_gres_key(p.name): render_pool_gres_conf(p) for p in args.pools},
         }
         config_map = k8s.core.v1.ConfigMap(

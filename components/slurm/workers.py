@@ -17,6 +17,11 @@ of the node; each pool's gres.conf names the device files the GPU device plugin 
 The update strategy is `OnDelete`, so a config change never restarts slurmd under a running
 training job. The pod is Ready once slurmctld knows its node (`scontrol show node`).
 
+Jobs run inside the pod with only the GPUs Slurm gave them: slurmd confines each step in a cgroup
+of its own below the pod's (task/cgroup, ConstrainDevices: the other GPUs' device files answer
+EPERM). Writing cgroups needs a read-write cgroup mount, which Kubernetes gives only a privileged
+container, as Slinky's slurmd runs; the pod still sees only the GPUs the device plugin gave it.
+
 A node joins as what Kubernetes says it is: on a hot spare (the node carries the spare taint,
 which the pool's controller puts on new capacity) slurmd registers DRAINED with the spare reason
 autoheal owns, so the node takes work only through a promotion, and a replacement that a cloud
@@ -161,6 +166,8 @@ def _slurmd(args: SlurmWorkersArgs) -> k8s.core.v1.ContainerArgs:
         volume_mounts=[*args.parts.mounts, *args.shared_mounts, kube.mount("spool", SPOOL_DIR)],
         # no TCP liveness probe (slurmd logs each empty connection): the container ends with slurmd
         readiness_probe=known,
+        # a read-write cgroup mount, for the jobs' cgroups (the module's docstring)
+        security_context=k8s.core.v1.SecurityContextArgs(privileged=True),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -134,14 +135,22 @@ def _private_mounts(paths: NodePaths, ns_pid: int) -> None:
         raise LabError(f"node {paths.dir.name}: private mounts failed: {res.stderr.strip()}")
 
 
+NVIDIA_MAJOR = 195  # the character major of /dev/nvidia<N> (minor N)
+
+
 def _gpu_devices(paths: NodePaths, gpus: int) -> None:
-    """Character devices standing in for /dev/nvidiaN (1:3, i.e. /dev/null: reads and writes work)."""
+    """Character devices numbered as the real /dev/nvidiaN (195:N). With no driver behind them an
+    open answers ENXIO, but each GPU is a device of its own, so a device cgroup can allow one and
+    refuse another (EPERM): how a job is seen to get only the GPUs Slurm gave it."""
     paths.gpu_dev_dir.mkdir(parents=True, exist_ok=True)
     for i in range(gpus):
         dev = paths.gpu_dev_dir / f"nvidia{i}"
-        if not dev.exists():
-            os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))
-            dev.chmod(0o666)  # mknod's mode passes through the umask
+        want = os.makedev(NVIDIA_MAJOR, i)
+        if dev.exists() and dev.stat().st_rdev == want:
+            continue
+        dev.unlink(missing_ok=True)
+        os.mknod(dev, 0o666 | stat.S_IFCHR, want)
+        dev.chmod(0o666)  # mknod's mode passes through the umask
 
 
 def ctr(ctx: LabContext, spec: NodeSpec, args: Sequence[str], timeout: float = 120, **kw: object) -> str:

@@ -44,8 +44,26 @@ def test_each_pool_has_its_gres_conf_mounted_as_gres_conf_for_its_slurmd(lab):
     vol = next(v for v in spec["volumes"] if v["name"] == "slurm-config")
     assert vol["configMap"]["items"] == [
         {"key": "slurm.conf", "path": "slurm.conf"},
+        {"key": "cgroup.conf", "path": "cgroup.conf"},
         {"key": "gres-h100.conf", "path": "gres.conf"},
     ]
+
+
+def test_jobs_are_confined_to_their_gpus_by_cgroups_in_a_privileged_slurmd(lab):
+    conf = _conf(lab, "slurm.conf").splitlines()
+    assert "TaskPlugin=task/cgroup" in conf and "ProctrackType=proctrack/cgroup" in conf
+    cgroup = _conf(lab, "cgroup.conf").splitlines()
+    assert "ConstrainDevices=yes" in cgroup and "CgroupPlugin=autodetect" in cgroup
+    spec = pod_spec(lab.one("kubernetes:apps/v1:DaemonSet", "slurmd-h100"))
+    slurmd = next(c for c in spec["containers"] if c["name"] == "slurmd")
+    assert slurmd["securityContext"] == {"privileged": True}  # a read-write cgroup mount
+    # nothing else of the cluster runs privileged
+    for kind, name in (
+        ("kubernetes:apps/v1:StatefulSet", "slurmctld"),
+        ("kubernetes:apps/v1:Deployment", "slurm-login"),
+    ):
+        for c in pod_spec(lab.one(kind, name))["containers"]:
+            assert not (c.get("securityContext") or {}).get("privileged"), (name, c["name"])
 
 
 def test_controller_state_is_on_a_persistent_volume_claim(lab):

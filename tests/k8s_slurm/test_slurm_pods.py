@@ -1,6 +1,6 @@
 """SlurmCluster on the lab's real nodes: `pulumi up` with rollout waits goes green, a researcher
 ssh-es to the login Service with the declared key, `sbatch`es a 2-node job whose steps run in the
-slurmd pods, and a slurmd pod that stops takes its node out of Slurm until its successor joins.
+slurmd pods with only the GPU Slurm gave each (device cgroups), and a slurmd pod that stops takes its node out of Slurm until its successor joins.
 
 Skipped only when the real-node tools are missing (as tests/nodes). Prints what it measured:
 `pulumi up` time, pod start times and the sbatch round trip.
@@ -30,7 +30,15 @@ JOB = """#!/bin/bash
 #SBATCH -N 2
 #SBATCH --gres=gpu:h100:1
 #SBATCH -o job-%j.out
-srun bash -c 'echo "$(hostname) $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"'
+cat > step-$SLURM_JOB_ID.sh <<'EOF'
+# the GPU devices this step may open (no driver: ENXIO); its device cgroup refuses the others (EPERM)
+mine=""
+for d in /dev/nvidia*; do
+  case "$( (exec 3<"$d") 2>&1 )" in *"not permitted"*) ;; *) mine="$mine ${d#/dev/}" ;; esac
+done
+echo "$(hostname) $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES$mine $(ls /dev/nvidia* | wc -l)"
+EOF
+srun bash step-$SLURM_JOB_ID.sh
 """
 
 
@@ -117,8 +125,9 @@ def test_pulumi_up_on_real_nodes_then_sbatch_over_ssh_runs_in_the_slurmd_pods(tm
         assert _job_state(login, job) == "COMPLETED"
         print(f"[slurm pods] sbatch over ssh -> 2-node job COMPLETED: {round_trip:.1f}s")
         lines = sorted(login.run(f"cat job-{job}.out").split("\n")[:2])
-        # each step ran inside a slurmd pod (its hostname), as that node, with the one GPU it got
-        assert lines == sorted([f"{slurmd['gpu-1']} gpu-1 0", f"{slurmd['gpu-2']} gpu-2 0"]), lines
+        # each step ran inside a slurmd pod (its hostname), as that node, with the one GPU it got:
+        # of the node's 4 device files it may open only that GPU's
+        assert lines == sorted([f"{slurmd[n]} {n} 0 nvidia0 4" for n in ("gpu-1", "gpu-2")]), lines
 
         # a slurmd pod that stops takes its node out of Slurm; its successor joins by itself
         with kube.http_client(cfg.kubeconfig, pool=1) as http:

@@ -1,8 +1,11 @@
+import dataclasses
+
 from autoheal.labels import SPARE_REASON
 from autoheal.slurmconf import (
     SlurmConfSpec,
     SlurmPool,
     range_names,
+    render_cgroup_conf,
     render_gres_conf,
     render_slurm_conf,
 )
@@ -71,3 +74,11 @@ def test_lab_gets_one_port_per_node_kubernetes_gets_one_slurmd_port():
     assert "SlurmdPort" not in lab
     k8s = render_slurm_conf(spec())
     assert "SlurmdPort=6818" in k8s and "Port=" not in node_line(k8s, "gpu-2")
+
+
+def test_only_a_cgroup_cluster_tracks_and_confines_jobs_by_cgroup():
+    host = render_slurm_conf(spec()).splitlines()
+    assert "TaskPlugin=task/none" in host and "ProctrackType=proctrack/linuxproc" in host
+    pods = render_slurm_conf(dataclasses.replace(spec(), cgroups=True)).splitlines()
+    assert "TaskPlugin=task/cgroup" in pods and "ProctrackType=proctrack/cgroup" in pods
+    assert "ConstrainDevices=yes" in render_cgroup_conf().splitlines()

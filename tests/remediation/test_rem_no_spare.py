@@ -10,7 +10,7 @@ from starlette.testclient import TestClient
 from remediation.app import create_app
 from remediation.notify import SpareShortage
 from remediation.worker import NO_SPARE_REASON
-from tests.remediation.remhelp import AUTH, alert, payload
+from tests.remediation.remhelp import AUTH, alert, effect_lines, payload
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -62,7 +62,6 @@ def test_past_the_budget_held_nodes_are_fenced_only_as_config_says(
 ) -> None:
     """Issue 18: a storm bigger than the budget trips the breaker; with budgets.fence_held_nodes
     every held node is still fenced (and nothing else is done to it), without it none is."""
-    from remhelp import effect_lines
 
     from remediation.policy import breaker_state
 

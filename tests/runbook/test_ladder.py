@@ -332,7 +332,7 @@ def test_a_reboot_that_does_not_fix_the_node_climbs_to_replace(lab, tmp_path, si
     incident in the journal (as the runner runs it) the node's outcome is its recover_failed event:
     the play ends ok."""
     pause_runner(lab)
-    inject(lab, "gpu-6", 0, 79)
+    t_fault = inject(lab, "gpu-6", 0, 79)
     lab_cli(lab, "pool", "faults", "--node", "gpu-6", "--health-failures", "1")
     extra = ladder_vars(
         lab, tmp_path, "gpu-6", "inc-000000000791", 79, 0, "reboot", autoheal_webhook_url=sink.url
@@ -349,6 +349,10 @@ def test_a_reboot_that_does_not_fix_the_node_climbs_to_replace(lab, tmp_path, si
     assert "validation after the reboot failed" in detail and "retired through the backend" in detail, detail
     assert [(b["event"], b["nodes"]) for b in sink.bodies] == [("failed", ["gpu-6"])]
     assert "gpu-6" in lab.pool_status()["retired"]
+    print(
+        f"\nXID 79, the reboot did not fix it (replace rung): fault -> node retired through the backend "
+        f"{phase_ts(lab, 'gpu-6', 'retired') - t_fault:.1f}s"
+    )
 
 
 def test_one_node_of_a_batch_that_fails_validation_fails_alone_and_its_batch_mate_returns(

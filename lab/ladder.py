@@ -23,13 +23,23 @@ from lab.config import LabConfig
 # A reboot longer than this is a hang: the CLI fails and the play escalates.
 REBOOT_TIMEOUT = 120.0
 BATCH_WORKERS = 16  # calls in flight for a batch (a storm's 100 nodes)
+CALL_ATTEMPTS = 3  # a call whose connection the simulator dropped is tried again
 
 
 def _post(cfg: LabConfig, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-    try:
-        r = httpx.post(cfg.url("simulator", path), json=body, timeout=timeout)
-    except httpx.TimeoutException as exc:
-        raise LabError(f"simulator {path}: no answer within {timeout:.0f}s (hung)") from exc
+    """One call to the simulator. A connection it dropped is tried again (its operations are
+    idempotent: a reset or reboot of a clean GPU changes nothing); what still fails is this node's
+    LabError, so a batch's other nodes go on."""
+    for attempt in range(1, CALL_ATTEMPTS + 1):
+        try:
+            r = httpx.post(cfg.url("simulator", path), json=body, timeout=timeout)
+            break
+        except httpx.TimeoutException as exc:
+            raise LabError(f"simulator {path}: no answer within {timeout:.0f}s (hung)") from exc
+        except httpx.TransportError as exc:
+            if attempt == CALL_ATTEMPTS:
+                raise LabError(f"simulator {path}: {type(exc).__name__}: {exc} ({attempt} tries)") from exc
+            time.sleep(0.2 * attempt)
     data: dict[str, Any] = r.json()
     if r.status_code != 200:
         raise LabError(f"simulator {path}: {data.get('error', r.text)}")

@@ -24,7 +24,7 @@ import contextlib
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from autoheal.labels import (
 from autoheal.names import is_node_name
 from lab import procs, slurm, watch
 from lab.config import LabConfig, PoolConfig, load_lab
+from lab.httpd import LabHTTPServer
 
 
 def node_labels(pool: PoolConfig, spare: bool) -> dict[str, str]:
@@ -383,6 +384,8 @@ def _handler(ctl: PoolController, reviewer: TokenReviewer | None = None) -> type
                 self._reply(200, ctl.ladder(self.path.rsplit("/", 1)[1], body))
             except (LabError, ValueError) as exc:
                 self._reply(400, {"error": str(exc)})
+            except Exception as exc:  # a bug answers with its cause, never a dropped connection
+                self._reply(500, {"error": f"{type(exc).__name__}: {exc}"})
 
     return Handler
 
@@ -422,16 +425,14 @@ def main(argv: list[str] | None = None) -> None:
     if cfg is None:
         raise SystemExit(f"lab {a.name!r} not found under {a.root}")
     ctl = PoolController(cfg, cfg.provision_delay)
-    server = ThreadingHTTPServer(("127.0.0.1", cfg.port("pool_controller")), _handler(ctl))
-    server.daemon_threads = True
+    server = LabHTTPServer(("127.0.0.1", cfg.port("pool_controller")), _handler(ctl))
     if cfg.pods:  # the runner's pod calls from the lab bridge, with its ServiceAccount token
         from lab.nodes import cluster
 
         gateway = cluster.context(cfg.run_dir).net.gateway
-        bridge = ThreadingHTTPServer(
+        bridge = LabHTTPServer(
             (gateway, cfg.port("pool_controller")), _handler(ctl, TokenReviewer(cfg.kubeconfig))
         )
-        bridge.daemon_threads = True
         threading.Thread(target=bridge.serve_forever, daemon=True).start()
     threading.Thread(target=ctl.run_forever, daemon=True).start()
     server.serve_forever()

@@ -30,7 +30,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from autoheal.names import is_node_name
+from lab.httpd import LabHTTPServer
 from lab.kernlog import KernelLogs, fallen_message, gpu_uuid, xid_message
 
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
@@ -343,8 +344,7 @@ def serve(
     fleet.set_nodes(fleet.nodes or nodes)
     registry = CollectorRegistry()
     registry.register(fleet)
-    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(fleet, registry))
-    server.daemon_threads = True
+    server = LabHTTPServer(("127.0.0.1", port), _handler(fleet, registry))
     server.serve_forever()
 
 

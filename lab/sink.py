@@ -10,8 +10,10 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from lab.httpd import LabHTTPServer
 
 
 @dataclass
@@ -27,7 +29,7 @@ class WebhookSink:
     token: str | None = None
     deliveries: list[Delivery] = field(default_factory=list)
     _cond: threading.Condition = field(default_factory=threading.Condition)
-    _server: ThreadingHTTPServer | None = None
+    _server: LabHTTPServer | None = None
 
     def start(self) -> WebhookSink:
         sink = self
@@ -47,8 +49,7 @@ class WebhookSink:
                         sink.deliveries.append(Delivery(time.time(), auth, json.loads(body)))
                         sink._cond.notify_all()
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
+        self._server = LabHTTPServer(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 

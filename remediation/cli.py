@@ -217,7 +217,7 @@ def breaker_status(config: ConfigOpt = DEFAULT_CONFIG, as_json: JsonOpt = False)
 
     journal = _journal(config)
     state = breaker_state(journal)
-    held = len(journal.incidents([IncidentState.HELD]))
+    held = journal.count_states().get(IncidentState.HELD.value, 0)
     if as_json:
         _print_json({**state.as_dict(), "held_incidents": held})
         return

@@ -52,6 +52,7 @@ TIMELINE_PHASES = (
     "replacement_ready",
     "resolved",
 )
+RECENT_INCIDENTS = 1000  # `incidents()` of every state: the newest this many (the CLI's listing)
 
 # Recorded by the database (SQLite: PRAGMA user_version); 0 = a file from before versioning (the
 # v1 schema). The schema and migrations are written in SQLite's types; PostgreSQL gets them in its
@@ -707,20 +708,27 @@ class Journal:
             raise JournalError(f"journal {self.name}: incident {incident_id} is missing")
         return inc
 
-    def incidents(self, states: Sequence[str] | None = None, limit: int = 1000) -> list[IncidentRecord]:
+    def incidents(
+        self, states: Sequence[str] | None = None, limit: int | None = None
+    ) -> list[IncidentRecord]:
+        """Incidents oldest first. In `states`: every one of them, unless `limit` asks for only
+        the newest - the worker and the policy must see a whole storm (a cap of 1000 once left
+        every held incident past the first 1000 unfenced, and would undercount a budget's nodes
+        in use). Without `states`: the newest `limit` (RECENT_INCIDENTS by default) of any state."""
+        where, params = "", tuple[object, ...]()
         if states:
-            marks = ",".join("?" * len(states))
-            rows = self._query(
-                f"SELECT * FROM incidents WHERE state IN ({marks}) ORDER BY opened_at, id LIMIT ?",  # noqa: S608
-                (*states, limit),
-            )
+            where, params = f"WHERE state IN ({','.join('?' * len(states))})", tuple(states)
+        elif limit is None:
+            limit = RECENT_INCIDENTS
+        if limit is None:
+            sql = f"SELECT * FROM incidents {where} ORDER BY opened_at, id"  # noqa: S608
         else:
-            rows = self._query(
-                "SELECT * FROM (SELECT * FROM incidents ORDER BY opened_at DESC LIMIT ?) AS recent"
-                " ORDER BY opened_at",
-                (limit,),
+            sql = (
+                f"SELECT * FROM (SELECT * FROM incidents {where} ORDER BY opened_at DESC, id DESC"  # noqa: S608
+                " LIMIT ?) AS recent ORDER BY opened_at, id"
             )
-        return [_incident(r) for r in rows]
+            params = (*params, limit)
+        return [_incident(r) for r in self._query(sql, params)]
 
     def cancel_requests(self) -> list[IncidentRecord]:
         """Open incidents an on-call engineer asked to cancel."""

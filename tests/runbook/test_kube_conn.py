@@ -88,6 +88,8 @@ class _Module:
             "request_timeout": 2,
             "workers": 1,
         }
+        self.check_mode = False
+        self._diff = False
 
     def fail_json(self, **kw: Any) -> None:
         raise AssertionError(kw)
@@ -143,3 +145,88 @@ def test_an_api_server_that_never_answers_fails_after_api_wait_naming_it(tmp_pat
     with pytest.raises(kube.KubeError, match=r"over api_wait=1.2s; raise api_wait") as err:
         k.request("GET", "/api/v1/nodes/gpu-1")
     assert err.value.status == 0 and k.api_retries == 1  # paused 0.5 s; another 1 s would pass the limit
+
+
+def _node_api(names: list[str], conflicts: set[str]) -> tuple[Any, list[tuple[str, str]]]:
+    """A loopback API server holding `names` (a node's first patch in `conflicts` answers 409);
+    returns it and the log of (method, path) it served."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    nodes = {n: {"metadata": {"name": n, "resourceVersion": "1"}, "spec": {}} for n in names}
+    log: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code: int, body: Any) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self) -> None:
+            path = self.path.split("?")[0]
+            with lock:
+                log.append(("GET", path))
+            if path == "/api/v1/nodes":
+                self._send(200, {"items": list(nodes.values())})
+            elif path.rsplit("/", 1)[-1] in nodes:
+                self._send(200, nodes[path.rsplit("/", 1)[-1]])
+            else:
+                self._send(404, {"kind": "Status", "message": "not found"})
+
+        def do_PATCH(self) -> None:
+            name = self.path.rsplit("/", 1)[-1]
+            patch = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                log.append(("PATCH", self.path))
+                if name in conflicts:
+                    conflicts.discard(name)
+                    self._send(409, {"kind": "Status", "message": "the object has been modified"})
+                    return
+                nodes[name]["spec"].update(patch.get("spec") or {})
+            self._send(200, nodes[name])
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, log
+
+
+def test_a_big_batch_reads_its_nodes_in_one_list_then_patches_each(tmp_path):
+    """A storm's cordon: one list from the watch cache, then a patch per node (not a read and a
+    patch each); a node the list lacks is read on its own, a conflict re-reads and patches again."""
+    nodes_mod = module_utils("kube_nodes")
+    names = [f"gpu-{i}" for i in range(1, nodes_mod.LIST_FIRST_MIN + 9)]
+    server, log = _node_api(names, conflicts={"gpu-3"})
+    try:
+        cfg = write(tmp_path, {"token": "t"}, {"server": f"http://127.0.0.1:{server.server_port}"})
+        module = _Module(cfg, api_wait=0)
+        p = {
+            "cordon": True,
+            "cordon_owned_only": False,
+            "cordon_owner_annotation": "autoheal.io/cordoned-by",
+            "labels": {},
+            "annotations": {},
+            "node_annotations": {},
+            "taints": [],
+            "allow_missing": True,
+        }
+        result = nodes_mod.apply(module, kube.Kube(module), [*names, "gpu-gone"], p)
+        assert sorted(result["changed_nodes"]) == sorted(names) and result["missing_nodes"] == ["gpu-gone"]
+        reads = [path for method, path in log if method == "GET"]
+        assert reads.count("/api/v1/nodes") == 1
+        # per-node reads: only the node the list lacked (read uncached: is it really gone?) and the
+        # conflicted one's fresh read
+        assert sorted(r for r in reads if r != "/api/v1/nodes") == [
+            "/api/v1/nodes/gpu-3",
+            "/api/v1/nodes/gpu-gone",
+        ]
+        assert sum(1 for method, _ in log if method == "PATCH") == len(names) + 1  # gpu-3 twice
+    finally:
+        server.shutdown()
+        server.server_close()

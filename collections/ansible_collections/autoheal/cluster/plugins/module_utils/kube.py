@@ -313,6 +313,12 @@ class Kube:
                 return None
             raise
 
+    def list_nodes(self) -> dict[str, Obj]:
+        """Every node by name, from the apiserver's watch cache (resourceVersion=0): a big batch's
+        first read in one request instead of one per node (same trust as get_node(cached=True))."""
+        out = self.request("GET", "/api/v1/nodes", query={"resourceVersion": "0"})
+        return {str((n.get("metadata") or {}).get("name")): n for n in out.get("items") or []}
+
     def patch_node(self, name: str, patch: Obj) -> Obj:
         return self.request(
             "PATCH", "/api/v1/nodes/" + quote(name), patch, content_type="application/merge-patch+json"

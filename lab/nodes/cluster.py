@@ -9,11 +9,13 @@ veths, blackhole route), so a second `lab up` always starts clean.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,22 @@ def _read(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data
+
+
+@contextlib.contextmanager
+def _editing(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """Read, change and write the state under a lock: the pool controller adds a replacement
+    while it retires the node it replaces, and a stop takes seconds (a write of the state read
+    before it dropped the replacement)."""
+    path = state_file(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = _read(run_dir)
+        if state is None:
+            raise LabError("real nodes: this lab has no real-node network")
+        yield state
+        _write(run_dir, state)
 
 
 def _write(run_dir: Path, state: dict[str, Any]) -> None:
@@ -251,25 +269,21 @@ def add(
 ) -> NodeSpec:
     """Start a real node named `name` (a fresh index: addresses are never reused while the lab
     lives) and route every other node's pods to it."""
-    state = _read(run_dir)
-    if state is None:
-        raise LabError("real nodes: this lab has no real-node network")
     ctx = context(run_dir)
-    if name in state["nodes"]:
-        raise LabError(f"real nodes: {name} is already a real node of this lab")
-    index = int(state["next_index"])
     labels = {**labels, REAL_NODE_LABEL: "true"}
+    with _editing(run_dir) as state:
+        if name in state["nodes"]:
+            raise LabError(f"real nodes: {name} is already a real node of this lab")
+        index = int(state["next_index"])
+        state["nodes"][name] = {"index": index, "labels": labels, "taints": taints, "gpus": gpus}
+        state["next_index"] = index + 1
     spec = NodeSpec(name, index, labels, taints, gpus)
-    state["nodes"][name] = {"index": index, "labels": labels, "taints": taints, "gpus": gpus}
-    state["next_index"] = index + 1
-    _write(run_dir, state)
     t0 = time.monotonic()
     try:
         node.start(ctx, spec, timeout=timeout, progress=progress)
     except BaseException:
-        state = _read(run_dir) or state
-        state["nodes"].pop(name, None)
-        _write(run_dir, state)
+        with _editing(run_dir) as state:
+            state["nodes"].pop(name, None)
         raise
     sync_routes(run_dir)
     progress(f"node {name}: Ready in {time.monotonic() - t0:.1f}s")
@@ -292,12 +306,11 @@ def names(run_dir: Path) -> list[str]:
 def remove(run_dir: Path, name: str) -> bool:
     """Stop a real node (its kubelet and containerd, its pods' processes) and forget it. The
     Node object is the caller's to delete. False if it was not a real node."""
-    state = _read(run_dir)
-    if state is None or name not in state["nodes"]:
+    if name not in names(run_dir):
         return False
     node.stop(context(run_dir), spec(run_dir, name))
-    del state["nodes"][name]
-    _write(run_dir, state)
+    with _editing(run_dir) as state:
+        state["nodes"].pop(name, None)
     sync_routes(run_dir)
     return True
 
@@ -351,6 +364,9 @@ def teardown(run_dir: Path) -> list[str]:
     if state is not None and state.get("sock_dir"):
         for name in state.get("nodes", {}):
             shutil.rmtree(Path(state["sock_dir"]) / f"n{state['nodes'][name]['index']}", ignore_errors=True)
+    if not any(n.startswith("node-") for n in procs.running(run_dir)):
+        for node_dir in node.nodes_dir(run_dir).glob("*/"):
+            node.discard_store(node_dir)
     state_file(run_dir).unlink(missing_ok=True)
     # the volumes' API objects went with the control plane: their directories are orphans
     shutil.rmtree(volumes_dir(run_dir), ignore_errors=True)

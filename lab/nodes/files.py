@@ -16,6 +16,9 @@ import yaml
 CLUSTER_DOMAIN = "cluster.local"
 DNS_SERVICE_IP = "10.96.0.10"  # in the control plane's service range (lab/kube.py SERVICE_CIDR)
 KUBELET_PORT = 10250
+CONTAINERD_DIR = "containerd"  # in a node's folder: containerd's image store and state
+# every node sees the whole host's disk: its kubelet evicts (and taints disk-pressure) below this
+EVICTION_DISK_PERCENT = 2
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class NodePaths:
 
     @property
     def containerd_root(self) -> Path:
-        return self.dir / "containerd"
+        return self.dir / CONTAINERD_DIR
 
     @property
     def containerd_sock(self) -> Path:
@@ -173,9 +176,9 @@ def kubelet_config(
         # every node sees the whole host's memory and disk: only evict when really short
         "evictionHard": {
             "memory.available": "100Mi",
-            "nodefs.available": "2%",
-            "imagefs.available": "2%",
-            "nodefs.inodesFree": "2%",
+            "nodefs.available": f"{EVICTION_DISK_PERCENT}%",
+            "imagefs.available": f"{EVICTION_DISK_PERCENT}%",
+            "nodefs.inodesFree": f"{EVICTION_DISK_PERCENT}%",
         },
         "maxPods": 110,
         "shutdownGracePeriod": "0s",

@@ -52,6 +52,8 @@ def _leftovers(run_dir: Path) -> list[str]:
     if mine:
         found += [r for r in routes.stdout.splitlines() if net.LabNet(**mine["net"]).cidr in r]
     found += [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(run_dir) in line]
+    # a node's image store goes with it (the disk of a run of the suite stays small)
+    found += [str(d) for d in run_dir.glob("nodes/*/containerd") if d.exists()]
     return found
 
 

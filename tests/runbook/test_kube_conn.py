@@ -230,3 +230,77 @@ def test_a_big_batch_reads_its_nodes_in_one_list_then_patches_each(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _list_api(items: dict[str, list[dict[str, Any]]], fail: bool = False) -> tuple[Any, list[str]]:
+    """A loopback API server answering the lists in `items` by path (500 to all when `fail`);
+    returns it and the targets it served."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            code, body = (
+                (500, {"kind": "Status"}) if fail else (200, {"items": items[self.path.split("?")[0]]})
+            )
+            raw = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def _pod(name: str, node: str, phase: str) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ml", "name": name},
+        "spec": {"nodeName": node},
+        "status": {"phase": phase},
+    }
+
+
+def test_the_fence_reads_opt_out_in_two_lists_whatever_the_batch(tmp_path):
+    """A storm's opt-out check costs two requests (labelled nodes, labelled pods), not a read and a
+    pod list per node; only the batch's nodes count, and a finished pod opts nothing out."""
+    from tests.runbook.conftest import plugin
+
+    fence = plugin("modules.fence")
+    label = "autoheal.io/opt-out"
+    server, seen = _list_api(
+        {
+            "/api/v1/nodes": [{"metadata": {"name": n}} for n in ("gpu-2", "gpu-999")],
+            "/api/v1/pods": [_pod("eval", "gpu-3", "Running"), _pod("done", "gpu-4", "Succeeded")],
+        }
+    )
+    try:
+        cfg = write(tmp_path, {"token": "t"}, {"server": f"http://127.0.0.1:{server.server_port}"})
+        k = kube.Kube(_Module(cfg, api_wait=0))
+        batch = [f"gpu-{i}" for i in range(1, 501)]
+        why, unchecked = fence.opted_out(k, batch, label)
+        assert why == {"gpu-2": f"node label {label}=true", "gpu-3": "pod ml/eval"} and unchecked == []
+        selector = "labelSelector=autoheal.io%2Fopt-out%3Dtrue"
+        assert seen == [f"/api/v1/nodes?{selector}", f"/api/v1/pods?{selector}"]
+    finally:
+        server.shutdown()
+        server.server_close()
+    failing, _ = _list_api({}, fail=True)
+    try:
+        cfg = write(tmp_path, {"token": "t"}, {"server": f"http://127.0.0.1:{failing.server_port}"})
+        # unreadable: no node of the batch is signalled (the fence itself stands)
+        assert fence.opted_out(kube.Kube(_Module(cfg, api_wait=0)), ["gpu-1", "gpu-2"], label) == (
+            {},
+            ["gpu-1", "gpu-2"],
+        )
+    finally:
+        failing.shutdown()
+        failing.server_close()

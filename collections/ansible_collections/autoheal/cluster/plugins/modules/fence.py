@@ -31,6 +31,8 @@ description:
     Opted-out nodes keep their jobs - with O(kubernetes), a node labelled O(opt_out_label)=true,
     or running a live pod so labelled, is read first (concurrently with the drain) and not
     signalled; a node whose labels could not be read is not signalled either (C(unchecked) in RV(jobs)).
+    The read is two lists by label selector (the labelled nodes, the labelled pods) whatever the
+    batch's size, so a storm's opt-out check does not compete with its cordons for the API server.
   - An administrator's drain reason, and a cordon someone else set, are left alone (reported).
 version_added: 0.2.0
 author: autoheal maintainers (@autoheal-project)
@@ -186,7 +188,7 @@ from ansible_collections.autoheal.cluster.plugins.module_utils.contract import (
     QUARANTINED,
     STATE_LABEL,
 )
-from ansible_collections.autoheal.cluster.plugins.module_utils.kube import KUBE_COMMON_ARGS, Kube
+from ansible_collections.autoheal.cluster.plugins.module_utils.kube import KUBE_COMMON_ARGS, Kube, KubeError
 from ansible_collections.autoheal.cluster.plugins.module_utils.kube_nodes import (
     CORDON_OWNER_ANNOTATION,
     NodesError,
@@ -281,26 +283,32 @@ def quarantine(p: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
 
 def opted_out(kube: Kube | None, nodes: list[str], label: str) -> tuple[dict[str, str], list[str]]:
     """({node: why} of the nodes opted out by their label or a live pod's, [nodes not readable]).
-    A node Kubernetes does not know is not opted out (Slurm-only)."""
-    if kube is None:
+    A node Kubernetes does not know is not opted out (Slurm-only).
+
+    Two lists by label selector, not a node read and a pod list per node: a 1,990-node storm sent
+    3,980 reads beside its 1,990 cordons and slowed them. A list without a resourceVersion is a
+    consistent read (the API server serves it from its watch cache once that has caught up)."""
+    if kube is None or not nodes:
         return {}, []
-
-    def read(name: str) -> str:
-        node = kube.get_node(name)
-        if node is None:
-            return ""
-        if ((node.get("metadata") or {}).get("labels") or {}).get(label) == "true":
-            return f"node label {label}=true"
-        for pod in kube.pods_on(name):
-            meta = pod.get("metadata") or {}
-            live = (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-            if live and (meta.get("labels") or {}).get(label) == "true":
-                return f"pod {meta.get('namespace')}/{meta.get('name')}"
-        return ""
-
-    found = kube.map(read, nodes)
-    why = {n: r for n, (r, e) in found.items() if e is None and r}
-    return why, [n for n, (_r, e) in found.items() if e is not None]
+    selector = {"labelSelector": f"{label}=true"}
+    try:
+        labelled = kube.request("GET", "/api/v1/nodes", query=selector).get("items") or []
+        pods = kube.request("GET", "/api/v1/pods", query=selector).get("items") or []
+    except KubeError:
+        return {}, list(nodes)
+    batch = set(nodes)
+    why: dict[str, str] = {}
+    for node in labelled:
+        name = (node.get("metadata") or {}).get("name")
+        if name in batch:
+            why[name] = f"node label {label}=true"
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        on = (pod.get("spec") or {}).get("nodeName")
+        live = (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        if on in batch and on not in why and live:
+            why[on] = f"pod {meta.get('namespace')}/{meta.get('name')}"
+    return why, []
 
 
 def signal_jobs(module: Any, slurm: Slurm, kube: Kube | None, nodes: list[str]) -> dict[str, Any]:

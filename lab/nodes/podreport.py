@@ -60,8 +60,14 @@ def _describe(http: httpx.Client, pod: dict[str, Any]) -> list[str]:
         lines.append(f"pod {where}: {(pod.get('status') or {}).get('phase', '?')} {reason}".rstrip())
     for c in unready:
         lines.append(f"pod {where} container {c['name']}: {_state(c)}")
-        previous = bool((c.get("lastState") or {}).get("terminated"))
-        lines += [f"    {line}" for line in _logs(http, meta["namespace"], meta["name"], c["name"], previous)]
+        # A container waiting out its crash back-off: its last run is the kubelet's "current" one
+        # (asking for `previous` then names the run before, which the kubelet has already
+        # removed: every such request failed for 90 s in CI). A restarted one now running: the
+        # run that crashed is `previous`. Either way the other is tried when the first fails.
+        previous = "running" in (c.get("state") or {}) and bool((c.get("lastState") or {}).get("terminated"))
+        ns, name = meta["namespace"], meta["name"]
+        logs = _logs(http, ns, name, c["name"], previous) or _logs(http, ns, name, c["name"], not previous)
+        lines += [f"    {line}" for line in logs]
     return lines
 
 

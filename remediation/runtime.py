@@ -42,7 +42,7 @@ def make_warm_fence(cfg: RunnerConfig) -> WarmFence | None:
     root = cfg.playbook_dir.parent
     if not cfg.warm_fence or not (root / "collections" / "ansible_collections").is_dir():
         return None
-    return WarmFence(root, timeout=float(cfg.step_timeout_seconds))
+    return WarmFence(root, timeout=float(cfg.step_timeout_seconds), processes=cfg.max_concurrent_fences)
 
 
 def make_elector(cfg: RunnerConfig, worker: Worker, metrics: Metrics) -> LeaseElector:

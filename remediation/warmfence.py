@@ -30,6 +30,7 @@ import importlib
 import json
 import logging
 import os
+import queue
 import selectors
 import subprocess
 import sys
@@ -46,8 +47,9 @@ REQUEUE_MODULE = "autoheal.cluster.slurm_jobs"
 REQUEUE_LOG = "warm-requeue.json"  # the background requeue's result, beside the run's events
 # The largest batch whose jobs the warm path signals (and requeues). A bigger batch is a storm:
 # there the warm path fences only, as fast as it can, because the fence-only runs of the other
-# nodes queue behind it (one request at a time); reading 100 nodes' opt-out labels and jobs took
-# the storm's last cordon from ~6 s to 21 s (bench/storm.py). The play's fence step signals them.
+# nodes queue behind it (one request at a time per process); reading 100 nodes' opt-out labels
+# and jobs took the storm's last cordon from ~6 s to 21 s (bench/storm.py; the opt-out read was a
+# node read and a pod list per node then). The play's fence step signals them.
 WARM_SIGNAL_MAX_NODES = 16
 PLAYBOOK = "gpu_fatal_xid.yml"
 READY = "ready"
@@ -62,27 +64,50 @@ class WarmFenceResult:
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
-class WarmFence:
-    """The runner's handle on the warm fence process: started once, restarted if it dies, one
-    request at a time (a fence takes ~0.2 s; a storm's fences go in batches anyway)."""
+class _Child:
+    """One warm fence process and its state; used by one request at a time."""
 
-    def __init__(self, data_root: Path, timeout: float = 60.0, start_timeout: float = 60.0) -> None:
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+        self.ready = False
+
+
+class WarmFence:
+    """The runner's handle on the warm fence processes: started once, each restarted if it dies,
+    one request at a time per process (a fence takes ~0.2 s). There are `processes` of them, as
+    many as the worker's fence-only runs at once (`max_concurrent_fences`): a storm's alerts reach
+    the runner in a few webhook deliveries, so its held nodes go in two or three big batches, and
+    with one process the second batch waited for the first (bench/storm.py --all-fail: 1,265
+    nodes waited 4.9 s behind 720)."""
+
+    def __init__(
+        self, data_root: Path, timeout: float = 60.0, start_timeout: float = 60.0, processes: int = 1
+    ) -> None:
         self.data_root = data_root
         self.timeout = timeout
         self.start_timeout = start_timeout
-        self._proc: subprocess.Popen[str] | None = None
-        self._ready = False
-        self._lock = threading.Lock()
+        self._children = [_Child() for _ in range(max(1, processes))]
+        self._free: queue.Queue[_Child] = queue.Queue()
+        for child in self._children:
+            self._free.put(child)
+
+    @property
+    def processes(self) -> int:
+        return len(self._children)
 
     def start(self) -> None:
-        """Spawn the process (it imports Ansible in the background; the first fence waits)."""
-        with self._lock:
-            self._spawn()
+        """Spawn the processes (each imports Ansible in the background; a first fence waits)."""
+        for _ in self._children:
+            child = self._free.get()
+            try:
+                self._spawn(child)
+            finally:
+                self._free.put(child)
 
-    def _spawn(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
+    def _spawn(self, child: _Child) -> None:
+        if child.proc is not None and child.proc.poll() is None:
             return
-        self._proc = subprocess.Popen(
+        child.proc = subprocess.Popen(
             [sys.executable, "-m", "remediation.warmfence", str(self.data_root)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -90,7 +115,7 @@ class WarmFence:
             bufsize=1,
             start_new_session=True,  # a ^C to the runner is the runner's to handle
         )
-        self._ready = False
+        child.ready = False
 
     def _readline(self, out: IO[str], timeout: float) -> str:
         sel = selectors.DefaultSelector()
@@ -107,22 +132,24 @@ class WarmFence:
 
     def fence(self, extravars: dict[str, Any]) -> WarmFenceResult:
         t0 = time.monotonic()
-        with self._lock:
-            try:
-                self._spawn()
-                proc = self._proc
-                assert proc is not None and proc.stdin is not None and proc.stdout is not None
-                if not self._ready:
-                    line = self._readline(proc.stdout, self.start_timeout)
-                    if line.strip() != READY:
-                        raise RuntimeError(f"warm fence did not start: {line.strip()[:300]}")
-                    self._ready = True
-                proc.stdin.write(json.dumps(extravars) + "\n")
-                proc.stdin.flush()
-                reply = json.loads(self._readline(proc.stdout, self.timeout))
-            except (OSError, ValueError, TimeoutError, EOFError, RuntimeError) as exc:
-                self._kill()
-                return WarmFenceResult(False, time.monotonic() - t0, error=str(exc))
+        child = self._free.get()  # a free process, or wait for one
+        try:
+            self._spawn(child)
+            proc = child.proc
+            assert proc is not None and proc.stdin is not None and proc.stdout is not None
+            if not child.ready:
+                line = self._readline(proc.stdout, self.start_timeout)
+                if line.strip() != READY:
+                    raise RuntimeError(f"warm fence did not start: {line.strip()[:300]}")
+                child.ready = True
+            proc.stdin.write(json.dumps(extravars) + "\n")
+            proc.stdin.flush()
+            reply = json.loads(self._readline(proc.stdout, self.timeout))
+        except (OSError, ValueError, TimeoutError, EOFError, RuntimeError) as exc:
+            self._kill(child)
+            return WarmFenceResult(False, time.monotonic() - t0, error=str(exc))
+        finally:
+            self._free.put(child)
         return WarmFenceResult(
             ok=bool(reply.get("ok")),
             seconds=time.monotonic() - t0,
@@ -131,24 +158,27 @@ class WarmFence:
             events=list(reply.get("events") or []),
         )
 
-    def _kill(self) -> None:
-        proc, self._proc, self._ready = self._proc, None, False
+    @staticmethod
+    def _kill(child: _Child) -> None:
+        proc, child.proc, child.ready = child.proc, None, False
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
 
     def close(self) -> None:
-        with self._lock:
-            proc, self._proc = self._proc, None
-            if proc is None:
-                return
-            if proc.stdin is not None:
-                proc.stdin.close()  # the process ends at EOF
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        for _ in self._children:
+            child = self._free.get()  # waits for a request in flight to end
+            proc, child.proc = child.proc, None
+            if proc is not None:
+                if proc.stdin is not None:
+                    proc.stdin.close()  # the process ends at EOF
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=5)
+        for child in self._children:
+            self._free.put(child)
 
 
 # ------------------------------------------------------------------ the process

@@ -128,7 +128,8 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(config.max_concurrent_runs, "autoheal-run")
         self._fence_pool = ThreadPoolExecutor(max(1, config.max_concurrent_fences), "autoheal-fence")
-        self._warm_pool = ThreadPoolExecutor(1, "autoheal-warm-fence")  # the warm fence is one process
+        # one thread per warm fence process (remediation/warmfence.py: one per fence slot)
+        self._warm_pool = ThreadPoolExecutor(max(1, config.max_concurrent_fences), "autoheal-warm-fence")
         self._inflight: dict[int, Future[None]] = {}
         self._fencing: dict[int, Future[None]] = {}
         self._fence_tried: set[str] = set()  # incident ids a fence-only run has handled

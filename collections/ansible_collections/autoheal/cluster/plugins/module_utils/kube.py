@@ -33,7 +33,7 @@ Obj = Dict[str, Any]  # a Kubernetes object as JSON
 KUBE_COMMON_ARGS: dict[str, dict[str, Any]] = dict(
     kubeconfig=dict(type="path"),
     context=dict(type="str"),
-    workers=dict(type="int", default=16),
+    workers=dict(type="int", default=64),
     request_timeout=dict(type="float", default=20),
     api_wait=dict(type="float", default=60),
 )
@@ -208,7 +208,7 @@ class Kube:
     def __init__(self, module: Any) -> None:
         self.module = module
         self.timeout = module.params.get("request_timeout") or 20
-        self.workers = max(1, module.params.get("workers") or 16)
+        self.workers = max(1, module.params.get("workers") or KUBE_COMMON_ARGS["workers"]["default"])
         self.api_wait = max(0.0, float(module.params.get("api_wait") or 0))
         self.api_retries = 0  # requests sent again because the API server was away
         kubeconfig = module.params.get("kubeconfig")

@@ -95,6 +95,10 @@ class WarmFence:
     def processes(self) -> int:
         return len(self._children)
 
+    def pids(self) -> list[int]:
+        """The live warm fence processes (for status and tests)."""
+        return [c.proc.pid for c in self._children if c.proc is not None and c.proc.poll() is None]
+
     def start(self) -> None:
         """Spawn the processes (each imports Ansible in the background; a first fence waits)."""
         for _ in self._children:

@@ -76,12 +76,39 @@ def test_bad_input_is_refused_and_a_dead_process_is_replaced(
     missing = warm.fence({"autoheal_nodes": ["gpu-4"]})  # no xid, no incident: the spec says what
     assert not missing.ok and "autoheal_xid" in missing.error, missing
 
-    proc = warm._proc
-    assert proc is not None
-    proc.kill()
-    proc.wait()
+    (pid,) = warm.pids()
+    os.kill(pid, 9)
+    wait_for(lambda: not warm.pids(), 10, "the warm fence process to die")
     unknown = warm.fence({**fault_vars(lab, "gpu-999", "inc-gone"), "autoheal_journal_events": ""})
     assert unknown.ok, unknown.error  # a new process answered; an unknown node is reported, not fenced
+    assert warm.pids() and warm.pids() != [pid]
+
+
+def test_two_warm_processes_fence_two_batches_side_by_side(lab: Any, tmp_path: Path) -> None:
+    """A storm's second batch is not queued behind the first: each slot has its own process."""
+    import threading
+
+    fence = WarmFence(REPO, timeout=60, processes=2)
+    fence.start()
+    try:
+        assert len(set(fence.pids())) == 2
+        results: dict[str, Any] = {}
+
+        def one(node: str) -> None:
+            results[node] = fence.fence(
+                {**fault_vars(lab, node, f"inc-{node}"), "autoheal_journal_events": ""}
+            )
+
+        threads = [threading.Thread(target=one, args=(n,)) for n in ("gpu-999", "gpu-998")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert all(r.ok for r in results.values()) and len(results) == 2, results
+        assert len(set(fence.pids())) == 2  # both still warm
+    finally:
+        fence.close()
+    assert fence.pids() == []
 
 
 def test_the_warm_fence_signals_the_jobs_once_and_the_play_still_requeues_them(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,29 +96,39 @@ class _Module:
         raise AssertionError(kw)
 
 
-def _api(answers: list[int]) -> tuple[Any, list[int]]:
-    """A loopback HTTP server answering `answers` in turn (then 200 {}); returns it and the log."""
+def _json_server(answer: Callable[[str], tuple[int, Any]]) -> Any:
+    """A loopback HTTP server answering each GET with `answer(path)`: (status, JSON body)."""
+    import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    seen: list[int] = []
-
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            code = answers[len(seen)] if len(seen) < len(answers) else 200
-            seen.append(code)
-            body = b'{"kind": "Status", "message": "not ready"}' if code != 200 else b"{}"
+            code, body = answer(self.path)
+            raw = json.dumps(body).encode()
             self.send_response(code)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(raw)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(raw)
 
         def log_message(self, *args: object) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, seen
+    return server
+
+
+def _api(answers: list[int]) -> tuple[Any, list[int]]:
+    """A loopback HTTP server answering `answers` in turn (then 200 {}); returns it and the log."""
+    seen: list[int] = []
+
+    def answer(_path: str) -> tuple[int, Any]:
+        code = answers[len(seen)] if len(seen) < len(answers) else 200
+        seen.append(code)
+        return code, ({"kind": "Status", "message": "not ready"} if code != 200 else {})
+
+    return _json_server(answer), seen
 
 
 def test_an_api_server_not_ready_is_waited_for_and_other_errors_are_not(tmp_path):
@@ -235,30 +246,13 @@ def test_a_big_batch_reads_its_nodes_in_one_list_then_patches_each(tmp_path):
 def _list_api(items: dict[str, list[dict[str, Any]]], fail: bool = False) -> tuple[Any, list[str]]:
     """A loopback API server answering the lists in `items` by path (500 to all when `fail`);
     returns it and the targets it served."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     seen: list[str] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(self.path)
-            code, body = (
-                (500, {"kind": "Status"}) if fail else (200, {"items": items[self.path.split("?")[0]]})
-            )
-            raw = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
+    def answer(path: str) -> tuple[int, Any]:
+        seen.append(path)
+        return (500, {"kind": "Status"}) if fail else (200, {"items": items[path.split("?")[0]]})
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, seen
+    return _json_server(answer), seen
 
 
 def _pod(name: str, node: str, phase: str) -> dict[str, Any]:

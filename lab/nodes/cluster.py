@@ -364,9 +364,9 @@ def teardown(run_dir: Path) -> list[str]:
     if state is not None and state.get("sock_dir"):
         for name in state.get("nodes", {}):
             shutil.rmtree(Path(state["sock_dir"]) / f"n{state['nodes'][name]['index']}", ignore_errors=True)
-    if not any(n.startswith("node-") for n in procs.running(run_dir)):
-        for node_dir in node.nodes_dir(run_dir).glob("*/"):
-            node.discard_store(node_dir)
+    running = procs.running(run_dir)
+    for node_dir in node.nodes_dir(run_dir).glob("*/"):
+        node.discard_store(run_dir, node_dir.name, running)
     state_file(run_dir).unlink(missing_ok=True)
     # the volumes' API objects went with the control plane: their directories are orphans
     shutil.rmtree(volumes_dir(run_dir), ignore_errors=True)

@@ -14,7 +14,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,12 +72,15 @@ def nodes_dir(run_dir: Path) -> Path:
     return run_dir / "nodes"
 
 
-def discard_store(node_dir: Path) -> None:
+def discard_store(run_dir: Path, name: str, running: Collection[str] | None = None) -> None:
     """A retired node's disk goes with it: its image store (~750 MB a node, the images unpacked)
     would otherwise fill the host's disk over a run of the suite, and the kubelets of later labs
-    then evict for disk pressure. Only once its holder is gone: the snapshots were mounted in the
+    then evict for disk pressure. Only once its holder is gone (checked here; `running`: the
+    lab's running process names, when the caller has them): the snapshots were mounted in the
     holder's namespace alone. Its logs stay for post-mortems."""
-    shutil.rmtree(node_dir / files.CONTAINERD_DIR, ignore_errors=True)
+    if proc_name(name, "holder") in (procs.running(run_dir) if running is None else running):
+        return
+    shutil.rmtree(nodes_dir(run_dir) / name / files.CONTAINERD_DIR, ignore_errors=True)
 
 
 def proc_name(node: str, service: str) -> str:
@@ -362,10 +365,8 @@ def stop(ctx: LabContext, spec: NodeSpec) -> None:
         procs.stop(ctx.run_dir, proc_name(spec.name, service), timeout=10)
     cgroups.remove(cgroups.node_group(ctx.net.lab, spec.name))
     net.detach(ctx.net, spec.index)
-    paths = ctx.paths(spec)
-    shutil.rmtree(paths.sock_dir, ignore_errors=True)
-    if proc_name(spec.name, "holder") not in procs.running(ctx.run_dir):
-        discard_store(paths.dir)
+    shutil.rmtree(ctx.paths(spec).sock_dir, ignore_errors=True)
+    discard_store(ctx.run_dir, spec.name)
 
 
 def stop_service(ctx: LabContext, spec: NodeSpec, service: str) -> bool:

@@ -39,8 +39,10 @@ def test_the_kubelet_evicts_at_the_floor_the_check_uses(tmp_path: Path) -> None:
 
 
 def test_discarding_a_store_keeps_the_logs(tmp_path: Path) -> None:
-    node_dir = tmp_path / "gpu-1"
+    node_dir = node.nodes_dir(tmp_path) / "gpu-1"
     (node_dir / files.CONTAINERD_DIR / "root" / "snapshots").mkdir(parents=True)
     (node_dir / "pod-logs").mkdir()
-    node.discard_store(node_dir)
+    node.discard_store(tmp_path, "gpu-1", running={node.proc_name("gpu-1", "holder")})
+    assert (node_dir / files.CONTAINERD_DIR).is_dir()  # its holder still runs: the mounts are live
+    node.discard_store(tmp_path, "gpu-1")
     assert sorted(p.name for p in node_dir.iterdir()) == ["pod-logs"]

@@ -20,7 +20,7 @@ import httpx
 
 from autoheal import proc as kernel
 from autoheal.errors import LabError
-from lab import pool, procs, prom, slurm, watch
+from lab import disk, pool, procs, prom, slurm, watch
 from lab.config import LabConfig, PoolConfig, load_lab
 
 Progress = Callable[[str], None]
@@ -127,6 +127,8 @@ def up(cfg: LabConfig, progress: Progress = _quiet) -> LabConfig:
     slurm.check_installed()
     prom.check_installed()
     _check_runner_setup(cfg)
+    # before anything starts: a full disk fails late, as pods stuck Pending on disk-pressure nodes
+    disk.require_free(cfg.root, disk.lab_need(cfg.real_nodes), f"lab {cfg.name!r}", [cfg.root])
     if cfg.real_nodes:
         from lab.nodes import cluster
 

@@ -1,0 +1,70 @@
+"""The suite's time budget: `make test` (the CI command) must end within 30 minutes on 2 cores.
+
+Every issue adds tests on real kubelets; without a line that fails, the suite drifts towards CI's
+hard limit (90 min) one minute at a time and nobody notices until a landing is lost. The line is
+the pytest part of `make test`: 30 minutes less what runs before it (the warm bootstrap of a
+fresh clone, ~2 min with pip's cache warm; ruff, mypy and the collection's sanity check, ~1 min).
+A whole run fails only when it crosses the budget by MARGIN, so a busy machine's noise does not fail
+it, and a real drift does. Runs of a part of the suite (paths, -k, -m, --lf) are not judged.
+
+AUTOHEAL_SUITE_BUDGET_SECONDS sets another budget (0 turns the check off), for a slower machine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+
+BUDGET_SECONDS = 27 * 60
+MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class Verdict:
+    seconds: float
+    budget: float
+    over: bool
+
+    @property
+    def line(self) -> str:
+        if self.budget <= 0:
+            return f"suite time {self.seconds / 60:.1f} min (no budget: AUTOHEAL_SUITE_BUDGET_SECONDS=0)"
+        limit = self.budget * (1 + MARGIN)
+        head = f"suite time {self.seconds / 60:.1f} min of a {self.budget / 60:.0f} min budget"
+        if self.over:
+            return (
+                f"{head}: OVER its limit of {limit / 60:.1f} min (budget + {MARGIN:.0%}). Find the time in "
+                "the slowest durations above; share a lab where tests only read, poll instead of sleeping"
+            )
+        return f"{head} (fails above {limit / 60:.1f} min)"
+
+
+def budget_seconds() -> float:
+    raw = os.environ.get("AUTOHEAL_SUITE_BUDGET_SECONDS")
+    if raw is None or raw == "":
+        return float(BUDGET_SECONDS)
+    try:
+        return float(raw)
+    except ValueError:
+        raise pytest.UsageError(
+            f"AUTOHEAL_SUITE_BUDGET_SECONDS={raw!r}: give seconds (e.g. 1620), or 0 to turn the check off"
+        ) from None
+
+
+def verdict(seconds: float, budget: float | None = None) -> Verdict:
+    budget = budget_seconds() if budget is None else budget
+    return Verdict(seconds, budget, budget > 0 and seconds > budget * (1 + MARGIN))
+
+
+def is_whole_suite(config: pytest.Config) -> bool:
+    """True for a run of every test the project has (no paths, -k, -m, --lf or --deselect)."""
+    opt = config.option
+    return (
+        config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and not opt.keyword
+        and not opt.markexpr
+        and not getattr(opt, "lf", False)
+        and not getattr(opt, "deselect", None)
+    )

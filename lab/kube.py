@@ -405,10 +405,21 @@ def lease_seconds(n_nodes: int) -> int:
     return 40 if n_nodes <= 300 else 600
 
 
+def node_grace_seconds(n_nodes: int) -> int:
+    """How long the node controller waits for a node's Lease before it marks the node NotReady:
+    Kubernetes' default (50 s), or longer where large labs renew their Leases less often."""
+    return max(50, lease_seconds(n_nodes) + 20)
+
+
 def _argv(
-    run_dir: Path, ports: Ports, n_nodes: int = 0, advertise_address: str = "127.0.0.1"
+    run_dir: Path,
+    ports: Ports,
+    n_nodes: int = 0,
+    advertise_address: str = "127.0.0.1",
+    node_grace: int | None = None,
 ) -> dict[str, list[str]]:
     lease = lease_seconds(n_nodes)
+    node_grace = node_grace or node_grace_seconds(n_nodes)
     pki = run_dir / "pki"
     kubeconfig = str(run_dir / "kubeconfig")
     etcd_url = f"http://127.0.0.1:{ports.etcd}"
@@ -484,7 +495,7 @@ def _argv(
             "--use-service-account-credentials=false",
             "--kube-api-qps=500",
             "--kube-api-burst=1000",
-            f"--node-monitor-grace-period={max(50, lease + 20)}s",
+            f"--node-monitor-grace-period={node_grace}s",
             "--profiling=false",
             "--v=1",
         ],
@@ -585,8 +596,11 @@ def start_control_plane(
     port_base: int,
     timeout: float = 120.0,
     advertise_address: str = "127.0.0.1",
+    node_grace_seconds: int | None = None,
 ) -> KubeHandle:
     """Start etcd, the API server, controller manager, scheduler and KWOK; add ``nodes``.
+    `node_grace_seconds`: the node controller's grace before NotReady (default node_grace_seconds();
+    tests that stop a kubelet set it shorter: real kubelets renew their Lease every 10 s).
 
     Returns once every service is healthy and every node is Ready. On any failure (or
     interrupt) everything started here is stopped again before the error propagates.
@@ -604,14 +618,20 @@ def start_control_plane(
     for sub in ("pki", "logs", "pids"):
         (run_dir / sub).mkdir(exist_ok=True)
     api_url = f"https://127.0.0.1:{ports.apiserver}"
-    meta = {"port_base": port_base, "api_url": api_url, "nodes": len(nodes), "advertise": advertise_address}
+    meta = {
+        "port_base": port_base,
+        "api_url": api_url,
+        "nodes": len(nodes),
+        "advertise": advertise_address,
+        "node_grace": node_grace_seconds,
+    }
     (run_dir / "cluster.json").write_text(json.dumps(meta))
     try:
         generate_pki(run_dir / "pki")
         _write_kubeconfig(run_dir / "kubeconfig", run_dir / "pki", api_url)
         _write_kwok_config(run_dir)
         (run_dir / "audit-policy.yaml").write_text(AUDIT_POLICY)
-        argv = _argv(run_dir, ports, len(nodes), advertise_address)
+        argv = _argv(run_dir, ports, len(nodes), advertise_address, node_grace_seconds)
         checks = _health_checks(run_dir, ports)
         started: dict[str, procs.Proc] = {}
         for service in ("etcd", "kube-apiserver"):
@@ -647,7 +667,13 @@ def restart_service(handle: KubeHandle, service: str, down_for: float = 0.0, tim
     run_dir = handle.run_dir
     ports = Ports.from_base(handle.port_base)
     meta = json.loads((run_dir / "cluster.json").read_text())
-    argv = _argv(run_dir, ports, int(meta.get("nodes", 0)), str(meta.get("advertise", "127.0.0.1")))
+    argv = _argv(
+        run_dir,
+        ports,
+        int(meta.get("nodes", 0)),
+        str(meta.get("advertise", "127.0.0.1")),
+        meta.get("node_grace"),
+    )
     procs.stop(run_dir, service, timeout=_STOP_GRACE_S)
     time.sleep(down_for)
     proc = procs.spawn(service, argv[service], run_dir, cwd=run_dir)

@@ -26,6 +26,9 @@ from tests.support import port_base, wait_for
 PORT_BASE = port_base(27700)  # control plane: +0..+5
 TAINT = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
 GPUS = 4
+# The node controller's grace for these nodes (Kubernetes' default: 50 s): the NotReady test waits
+# it out; the kubelets renew their Lease every 10 s, so 25 s still misses two renewals first
+NODE_GRACE = 25
 
 
 def require_real_nodes() -> None:
@@ -139,7 +142,14 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         t0 = time.monotonic()
         lab_net = cluster.prepare(run_dir)
-        kube.start_control_plane(run_dir, [], PORT_BASE, timeout=120, advertise_address=lab_net.gateway)
+        kube.start_control_plane(
+            run_dir,
+            [],
+            PORT_BASE,
+            timeout=120,
+            advertise_address=lab_net.gateway,
+            node_grace_seconds=NODE_GRACE,
+        )
         specs = [(f"rn-{i}", {"autoheal.io/pool": "h100"}, TAINT, GPUS) for i in (1, 2)]
         ctx = cluster.start(
             run_dir, sock_dir, kube.Ports.from_base(PORT_BASE).apiserver, specs, run_dir / "simulator.json"

@@ -227,7 +227,7 @@ def test_a_kubelet_that_will_not_start_fails_naming_its_log_and_leaves_nothing(r
 
 
 def test_zz_a_node_goes_notready_when_its_kubelet_stops(real_cluster: Cluster) -> None:
-    """Last: it takes a node away. The node controller marks it after its grace period (50 s+)."""
+    """Last: it takes a node away. The node controller marks it after its grace period (NODE_GRACE)."""
     spec = cluster.spec(real_cluster.run_dir, "rn-2")
     assert real_cluster.ready("rn-2") == "True"
     t0 = time.monotonic()

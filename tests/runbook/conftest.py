@@ -55,6 +55,11 @@ LAB_NAME = "runbook"
 PORT_BASE = port_base(25000)
 SINK_PORT = PORT_BASE + 60
 KUBECTL_CANDIDATES = [Path.home() / ".cache/autoheal/bin/kubectl"]
+# Flags slurmctld sets and clears on its own from its pings of the slurmds (every SlurmdTimeout/3):
+# on a loaded 2-core machine a ping of one of the host's many slurmds can miss its MessageTimeout
+# and NOT_RESPONDING comes and goes between two reads (CI saw it on gpu-1 and gpu-4). No play
+# writes them, so a test of what a play did compares the other flags.
+CONTROLLER_FLAGS = frozenset({"NOT_RESPONDING"})
 GRACE = 20  # Slurm KillWait of the test lab; the runbook's own grace is given per test
 
 
@@ -96,6 +101,11 @@ class Lab:
 
     def node(self, name: str) -> dict[str, Any]:
         return self.nodes()[name]
+
+    def flags(self, name: str) -> list[str]:
+        """The node's state flags that a play or an admin sets: without those slurmctld sets on its
+        own from its pings of the slurmds, which no play writes (see CONTROLLER_FLAGS)."""
+        return [f for f in self.node(name)["state_flags"] if f not in CONTROLLER_FLAGS]
 
     def jobs(self) -> dict[int, dict[str, Any]]:
         data = json.loads(self.slurm("squeue", "--json"))

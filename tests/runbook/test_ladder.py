@@ -238,10 +238,10 @@ def test_reset_rung_returns_a_validated_node_and_check_mode_changes_nothing(lab,
     t_fault = inject(lab, "gpu-3", 1, 48)
     extra = ladder_vars(lab, tmp_path, "gpu-3", "inc-000000000048", 48, 1, "reset")
     fence(lab, tmp_path, extra)
-    before = (lab.node("gpu-3")["reason"], lab.node("gpu-3")["state_flags"])
+    before = (lab.node("gpu-3")["reason"], lab.flags("gpu-3"))
     dry = run_playbook("recover", extra, check=True, tmp=tmp_path)
     assert dry.rc == 0, dry.output[-4000:]
-    assert (lab.node("gpu-3")["reason"], lab.node("gpu-3")["state_flags"]) == before
+    assert (lab.node("gpu-3")["reason"], lab.flags("gpu-3")) == before
     assert not healthy(lab, "gpu-3"), "check mode reset the GPU"
     res = run_playbook("recover", extra, tmp=tmp_path)
     assert res.rc == 0, res.output[-5000:]

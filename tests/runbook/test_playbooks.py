@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from autoheal import __version__
-from tests.runbook.conftest import REPO, VENV_BIN, ansible_env, run_playbook
+from tests.runbook.conftest import CONTROLLER_FLAGS, REPO, VENV_BIN, ansible_env, run_playbook
 from tests.support import wait_for
 
 pytestmark = pytest.mark.lab
@@ -21,9 +21,6 @@ pytestmark = pytest.mark.lab
 SPARE_REASON = "autoheal: hot spare"
 
 
-# Flags slurmctld sets on its own from its pings of the slurmds; no play writes them, and on a
-# loaded machine one can come and go between two snapshots (CI saw NOT_RESPONDING flicker on gpu-4).
-CONTROLLER_FLAGS = frozenset({"NOT_RESPONDING"})
 
 
 def snapshot(lab: Any) -> tuple[Any, Any, Any]:

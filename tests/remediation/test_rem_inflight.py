@@ -4,8 +4,10 @@ moves an incident's fence-first mark may make, checked as the journal checks inc
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +28,13 @@ def _fence(flight: InFlight, run_id: int, *ids: str) -> None:
     nodes = [f"node-{i}" for i in ids]
     flight.launch(run_id, RunKind.FENCE, nodes, _done)
     flight.land(run_id, RunKind.FENCE, ids, nodes)
+
+
+def test_the_documented_diagram_is_the_table():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    [diagram] = [d.split("```", 1)[0] for d in doc.split("stateDiagram-v2")[1:] if "held_fenced" in d]
+    edges = set(re.findall(r"^\s*([a-z_]+) --> ([a-z_]+)", diagram, re.MULTILINE))
+    assert edges == {(a.value, b.value) for a, nexts in TRANSITIONS.items() for b in nexts}
 
 
 def test_every_mark_has_a_row_and_none_is_a_dead_end():

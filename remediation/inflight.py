@@ -47,6 +47,8 @@ class RunKind(StrEnum):
 
 
 class Mark(StrEnum):
+    """How far fence first has got with one incident (the diagram above)."""
+
     NEW = "new"  # nothing done yet (not kept)
     FENCED = "fenced"  # a fence-only run handled it: while admitted, its full run need not wait
     HELD = "held"  # held past the budget and sent to a fence-only run: not again while held

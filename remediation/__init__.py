@@ -10,7 +10,15 @@ Modules, one job each:
   policy     opt-out, budgets, latching circuit breaker, per-node cap, escalation, dry run
   kube       node/pod label reads for opt-out and pools (real client, fake, null)
   executor   ansible-runner with validated extra vars, per-node locks, timeouts, cancel
-  worker     the queue consumer: decide, batch, run, close; resume after a crash
+  worker     the queue consumer: the loop, the runner lock, leadership; its rooms below
+  rounds     one tick: cancels, the policy's decisions once a batch window closes, then batches
+  batches    admitted incidents into batches and runs; fence first in a storm
+  runs       a run's launch and run: its journal row, its thread, the play under node locks
+  finish     a run's end: record it and close its incidents from the play's phase reports
+  recovery   resume the runs a dead runner (or a former leader) left "running"
+  inflight   what the worker has under way: runs, their nodes, fence-first marks (with a table)
+  ingest     a run's phase reports into the journal's timeline and the phase metrics
+  closing    tell that an incident closed: metrics, sinks, one page per pool out of spares
   notify     JSON webhook and Slack sinks, retried on a background thread
   metrics    Prometheus metrics in the runner's own registry
   app        the starlette app: POST /webhook, /healthz, /readyz, /metrics

@@ -30,7 +30,7 @@ class Budgets(BaseModel):
         default=False,
         description=(
             "past the budget (breaker open) still fence the held incidents' nodes: drain + cordon"
-            " only, in fence-only runs (no job signalled, no spare, nothing destructive); see worker.py"
+            " only, in fence-only runs (no job signalled, no spare, nothing destructive); see batches.py"
         ),
     )
 
@@ -134,7 +134,7 @@ class RunnerConfig(BaseModel):
         default=2,
         ge=0,
         le=16,
-        description="fence-only runs when more nodes wait than free run slots take (0: off); see worker.py",
+        description="fence-only runs when more nodes wait than free run slots take (0: off); see batches.py",
     )
     max_fence_batch: int = Field(default=500, ge=1)
     warm_fence: bool = Field(

@@ -51,3 +51,7 @@ class IllegalTransition(JournalError):
 
 class NotLeader(JournalError):
     """A write of a replica that no longer leads (its fencing token is stale); nothing written."""
+
+
+class IllegalMark(RemediationError):
+    """A move of the worker's in-flight marks that their table does not allow (remediation/inflight.py)."""

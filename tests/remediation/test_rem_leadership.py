@@ -14,6 +14,7 @@ from starlette.testclient import TestClient
 
 from remediation.app import create_app
 from remediation.fencing import LEADER_KEY
+from remediation.inflight import RunKind
 from remediation.leader import Term
 from remediation.runtime import build
 from remediation.states import IncidentState, RunStatus
@@ -96,6 +97,6 @@ def test_a_deposed_leader_cancels_its_play_and_the_next_leader_resumes_it_once(
     }
     assert took < 30, f"a's play was not cancelled promptly ({took:.1f}s)"
     assert not a.worker.leading
-    wait_for(lambda: not a.worker._inflight, 30, "a's cancelled run to wind down")
+    wait_for(lambda: a.worker.inflight.count(RunKind.FULL) == 0, 30, "a's cancelled run to wind down")
     # a's late writes were refused: nothing of a's run after the deposition reached the journal
     assert a.journal.run(runs[0].id).status == RunStatus.INTERRUPTED

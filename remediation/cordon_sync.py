@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from autoheal.backoff import Backoff
 from autoheal.labels import QUARANTINED, SPARE_LABEL, STATE_LABEL
 
 log = logging.getLogger(__name__)
@@ -311,16 +312,18 @@ class CordonSync:
             self.reconcile([cache[node.name]], seen)
 
     def _loop(self) -> None:
-        backoff = 1.0
+        # 1 s doubling to 30 s while the API server or slurmctld is broken, reset by a good pass;
+        # the wait is on the stop event, so stop() ends it at once
+        retry = Backoff(base=1.0, cap=30.0, jitter=0.0, stop=self._stop)
         while not self._stop.is_set():
             try:
                 self.run_once()
-                backoff = 1.0
+                retry.succeeded()
             except Exception as exc:  # the loop outlives a broken API server or slurmctld
                 self.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("cordon sync: %s (retrying in %.0f s)", self.last_error, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                pause = retry.failed()
+                log.warning("cordon sync: %s (retrying in %.0f s)", self.last_error, pause)
+                retry.wait(pause)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="cordon-sync", daemon=True)

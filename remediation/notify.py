@@ -1,8 +1,9 @@
 """Notifications to humans: a generic JSON webhook and a Slack-compatible sink.
 
 Sending never blocks the runner: events go onto a bounded queue that one background thread
-drains, retrying each sink with backoff; when the queue is full the event is dropped and counted
-(the journal still has it). Messages carry typed fields only (incident id, node, tier, state,
+drains, retrying each sink with the core's backoff (autoheal/backoff.py: no wait after the last
+try, and stop() ends a wait); when the queue is full the event is dropped and counted (the journal
+still has it). Messages carry typed fields only (incident id, node, tier, state,
 reason), never raw alert annotations.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import re
 import threading
@@ -19,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from autoheal.backoff import Backoff
 from remediation.config import NotifySink
 from remediation.metrics import Metrics
 
@@ -31,6 +34,10 @@ def slack_text(event: dict[str, Any]) -> str:
         if event.get(key) not in (None, ""):
             parts.append(f"{key}={event[key]}")
     return " ".join(parts)
+
+
+class SinkBusy(Exception):
+    """A sink answered 5xx or 429: worth another try, unlike any other answer."""
 
 
 class Notifier:
@@ -46,15 +53,19 @@ class Notifier:
         self.backoff = backoff
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=maxsize)
         self._thread: threading.Thread | None = None
+        # set by stop(): a retry waiting on it ends at once, and no failed send is tried again
+        self._stop = threading.Event()
         self.sent: list[dict[str, Any]] = []  # kept (bounded) for tests and `incident show`
 
     def start(self) -> None:
         if self.sinks and self._thread is None:
+            self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="autoheal-notify", daemon=True)
             self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         if self._thread is not None:
+            self._stop.set()  # what is queued still gets one try each, none a retry
             with contextlib.suppress(queue.Full):
                 self._queue.put(None, timeout=timeout)
             self._thread.join(timeout)
@@ -87,16 +98,27 @@ class Notifier:
 
     def _deliver(self, client: httpx.Client, sink: NotifySink, body: dict[str, Any]) -> None:
         payload = {"text": slack_text(body)} if sink.kind == "slack" else body
-        for attempt in range(sink.retries + 1):
-            try:
-                resp = client.post(str(sink.url), json=payload, timeout=sink.timeout_seconds)
-                if resp.status_code < 500 and resp.status_code != 429:
-                    self._count(sink.kind, "sent" if resp.is_success else "refused")
-                    return
-            except httpx.HTTPError as exc:
-                log.warning("notify %s: %s", sink.kind, exc)
-            time.sleep(self.backoff * (2**attempt))
-        self._count(sink.kind, "failed")
+
+        def post() -> httpx.Response:
+            resp = client.post(str(sink.url), json=payload, timeout=sink.timeout_seconds)
+            if resp.status_code >= 500 or resp.status_code == 429:
+                raise SinkBusy(f"HTTP {resp.status_code}")
+            return resp  # any other answer is final: 2xx sent, 4xx refused
+
+        # backoff, 2*backoff, 4*backoff, ... between the tries (retries is at most 10: no cap
+        # needed); no wait after the last try, and stop() ends a wait
+        retry = Backoff(self.backoff, math.inf, jitter=0.0, tries=sink.retries + 1, stop=self._stop)
+        try:
+            resp = retry.call(post, (httpx.HTTPError, SinkBusy), lambda exc, _pause: self._warn(sink, exc))
+        except (httpx.HTTPError, SinkBusy) as exc:
+            self._warn(sink, exc)
+            self._count(sink.kind, "failed")
+            return
+        self._count(sink.kind, "sent" if resp.is_success else "refused")
+
+    @staticmethod
+    def _warn(sink: NotifySink, exc: BaseException) -> None:
+        log.warning("notify %s: %s", sink.kind, exc)
 
 
 NO_SPARE_POOL = re.compile(r"\(pool ([A-Za-z0-9_.-]{1,63}|\?)\)")

@@ -5,11 +5,16 @@ placing jobs on a dead GPU), and ansible-playbook spends ~2 s starting before it
 warm fence is a child process that imports Ansible and the collection once. Per request it:
 
 1. checks the run's extra vars against the play's input spec and derives `autoheal_run` with the
-   same code as the play's first task (autoheal.cluster.runbook_inputs);
-2. renders the fence task's arguments from the playbook itself (gpu_fatal_xid.yml, the task that
-   calls autoheal.cluster.fence), so the play stays the one definition of what a fence does;
-3. runs the autoheal.cluster.fence module in a forked grandchild (a module exits the process);
+   same function as the play's first task (autoheal.cluster.runbook_inputs);
+2. renders the fence task's arguments from the playbook itself (gpu_fatal_xid.yml, its one task
+   that calls autoheal.cluster.fence), so the play stays the one definition of what a fence does;
+3. runs the autoheal.cluster.fence module in a forked grandchild (a module exits the process), as
+   Ansible runs a module file by hand: its arguments in a file named on its command line;
 4. appends the `fenced` phase events to the run's events file, as the play's journal step does.
+
+Everything it takes from the collection comes through one module of it,
+plugins/plugin_utils/warm_fence.py, the only collection import outside the collection that the
+layer contracts in pyproject.toml allow.
 
 It renders the run's own inputs, so it also sends SIGTERM to the jobs of a full run of up to
 WARM_SIGNAL_MAX_NODES nodes (a fence-only run, or a storm's big batch, signals none): the jobs
@@ -26,7 +31,6 @@ raised into the worker: the play fences, signals and requeues anyway, only later
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -42,8 +46,6 @@ from pathlib import Path
 from typing import IO, Any
 
 log = logging.getLogger(__name__)
-FENCE_MODULE = "autoheal.cluster.fence"
-REQUEUE_MODULE = "autoheal.cluster.slurm_jobs"
 REQUEUE_LOG = "warm-requeue.json"  # the background requeue's result, beside the run's events
 # The largest batch whose jobs the warm path signals (and requeues). A bigger batch is a storm:
 # there the warm path fences only, as fast as it can, because the fence-only runs of the other
@@ -188,15 +190,28 @@ class WarmFence:
 # ------------------------------------------------------------------ the process
 
 
-def _find_task(tasks: list[dict[str, Any]] | None, module: str) -> dict[str, Any] | None:
-    """The first task calling `module`, blocks included."""
+def _tasks_calling(tasks: list[dict[str, Any]] | None, module: str) -> list[dict[str, Any]]:
+    """Every task calling `module`, blocks included."""
+    found: list[dict[str, Any]] = []
     for task in tasks or []:
         if module in task:
-            return task
+            found.append(task)
         for key in ("block", "rescue", "always"):
-            if (found := _find_task(task.get(key), module)) is not None:
-                return found
-    return None
+            found += _tasks_calling(task.get(key), module)
+    return found
+
+
+def _task_args(tasks: list[dict[str, Any]] | None, module: str, required: bool) -> Any:
+    """The arguments of the play's one task calling `module`: found by the module it calls, never
+    by its place in the play; two tasks calling it are refused (which one would the play mean?)."""
+    found = _tasks_calling(tasks, module)
+    if len(found) > 1:
+        raise RuntimeError(f"{PLAYBOOK} has {len(found)} {module} tasks: the warm fence needs one")
+    if not found:
+        if required:
+            raise RuntimeError(f"{PLAYBOOK} has no {module} task")
+        return None
+    return found[0][module]
 
 
 class _Renderer:
@@ -207,33 +222,31 @@ class _Renderer:
         from ansible.parsing.dataloader import DataLoader
         from ansible.plugins.loader import init_plugin_loader
 
-        init_plugin_loader([str(data_root / "collections")])
+        init_plugin_loader([str(data_root / "collections")])  # the collection's imports need it
+        # the collection's interface for the warm fence: the one module of it imported here
+        from ansible_collections.autoheal.cluster.plugins.plugin_utils import warm_fence
+
+        self.warm = warm_fence
         self.loader = DataLoader()
         self.playbook_dir = data_root / "playbooks"
         plays = self.loader.load_from_file(str(self.playbook_dir / PLAYBOOK), trusted_as_template=True)
-        found = _find_task(plays[0].get("tasks"), FENCE_MODULE)
-        if found is None:
-            raise RuntimeError(f"{PLAYBOOK} has no {FENCE_MODULE} task")
-        self.task_args = found[FENCE_MODULE]
-        # the requeue of the signalled jobs: the play's first slurm_jobs task, right after the fence
-        requeue = _find_task(plays[0].get("tasks"), REQUEUE_MODULE)
-        self.requeue_task = requeue[REQUEUE_MODULE] if requeue is not None else None
+        tasks = plays[0].get("tasks")
+        self.task_args = _task_args(tasks, self.warm.FENCE_MODULE, required=True)
+        # the requeue of the signalled jobs (the play runs it right after the fence)
+        self.requeue_task = _task_args(tasks, self.warm.REQUEUE_MODULE, required=False)
         specs = yaml.safe_load((self.playbook_dir / "specs" / "inputs.yml").read_text())
         self.spec = specs[Path(PLAYBOOK).stem]
 
     def args(self, extravars: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the fence module's arguments, autoheal_run), as the play would have them."""
-        from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
         from ansible.template import Templar
-        from ansible_collections.autoheal.cluster.plugins.plugin_utils.runbook_inputs import derive
 
         given = {k: v for k, v in extravars.items() if k in self.spec}
         if len(given.get("autoheal_nodes") or []) > WARM_SIGNAL_MAX_NODES:
             given["autoheal_stop_after"] = "fenced"  # a storm's batch: fence only, signal nothing
-        checked = ArgumentSpecValidator(self.spec).validate(given, validate_role_argument_spec=True)
-        if checked.error_messages:
-            raise ValueError("invalid input: " + "; ".join(checked.error_messages))
-        run = derive(checked.validated_parameters, os.getcwd(), str(self.playbook_dir), os.environ)
+        run: dict[str, Any] = self.warm.check_inputs(
+            self.spec, given, os.getcwd(), str(self.playbook_dir), os.environ
+        )
         rendered = Templar(loader=self.loader, variables={"autoheal_run": run}).template(self.task_args)
         return json.loads(json.dumps(rendered)), run
 
@@ -250,19 +263,14 @@ class _Renderer:
         return args if args.get("nodes") else None
 
 
-def _module_main(name: str, args: dict[str, Any], out_fd: int) -> None:
-    """In a forked child: run module `name` with `args`, its output on `out_fd`; never returns."""
+def _module_main(fqcn: str, args: dict[str, Any], out_fd: int) -> None:
+    """In a forked child: run module `fqcn` with `args`, its output on `out_fd`; never returns."""
     code = 1
     try:
         os.dup2(out_fd, 1)
-        from ansible.module_utils import basic
+        from ansible_collections.autoheal.cluster.plugins.plugin_utils.warm_fence import run_module
 
-        basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
-        basic._ANSIBLE_PROFILE = "legacy"  # what ansible-core gives a collection's module
-        importlib.import_module(f"ansible_collections.autoheal.cluster.plugins.modules.{name}").main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = run_module(fqcn, args)
     except BaseException:
         print(json.dumps({"failed": True, "msg": traceback.format_exc()[-2000:]}))
     finally:
@@ -270,7 +278,7 @@ def _module_main(name: str, args: dict[str, Any], out_fd: int) -> None:
         os._exit(code)
 
 
-def _start_requeue(args: dict[str, Any], log: Path) -> None:
+def _start_requeue(fqcn: str, args: dict[str, Any], log: Path) -> None:
     """Run the requeue module in a child of its own session (a restart of this process does not
     end it): it lives until its jobs have left, seconds to the grace period, and the server goes
     on at once. A thread reaps it, so no zombie is left to a PID 1 that does not reap (the
@@ -280,21 +288,19 @@ def _start_requeue(args: dict[str, Any], log: Path) -> None:
         try:
             os.setsid()
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            _module_main("slurm_jobs", args, fd)
+            _module_main(fqcn, args, fd)
         finally:
             os._exit(1)
     threading.Thread(target=os.waitpid, args=(pid, 0), name=f"reap-{pid}", daemon=True).start()
 
 
-def _run_module(args: dict[str, Any], timeout: float) -> dict[str, Any]:
+def _run_module(fqcn: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
     """The fence module's result: run in a forked child (a module ends its process)."""
-    from ansible_collections.autoheal.cluster.plugins.modules import fence  # noqa: F401 - imported once, here
-
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: stdout is the pipe; never return into the server loop
         os.close(r)
-        _module_main("fence", args, w)
+        _module_main(fqcn, args, w)
     os.close(w)
     out = b""
     deadline = time.monotonic() + timeout
@@ -325,8 +331,8 @@ def _run_module(args: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 def _serve(data_root: Path, timeout: float) -> None:
     renderer = _Renderer(data_root)  # first: it installs the collection loader the imports need
-    from ansible_collections.autoheal.cluster.plugins.filter.journal_events import fence_events
-    from ansible_collections.autoheal.cluster.plugins.module_utils.journal import append, build_lines
+    warm = renderer.warm
+    warm.import_modules()  # once, here: each forked child starts with them imported
 
     print(READY, flush=True)
     for line in sys.stdin:
@@ -334,16 +340,17 @@ def _serve(data_root: Path, timeout: float) -> None:
         try:
             extravars = json.loads(line)
             args, run = renderer.args(extravars)
-            result = _run_module(args, timeout)
+            result = _run_module(warm.FENCE_MODULE, args, timeout)
             if result.get("failed"):
                 reply = {"ok": False, "error": str(result.get("msg") or "the fence failed")[:2000]}
             else:
-                events = fence_events(result, run["incidents"])
-                if run.get("journal_events"):
-                    append(run["journal_events"], build_lines(events, time.time()))
+                events = warm.record_fenced(
+                    run.get("journal_events") or "", result, run["incidents"], time.time()
+                )
                 requeue = renderer.requeue_args(run, result)
                 if requeue is not None:
-                    _start_requeue(requeue, Path(run["signal_ledger"]).with_name(REQUEUE_LOG))
+                    log_path = Path(run["signal_ledger"]).with_name(REQUEUE_LOG)
+                    _start_requeue(warm.REQUEUE_MODULE, requeue, log_path)
                 reply = {"ok": True, "changed": bool(result.get("changed")), "events": events}
         except Exception as exc:  # a bad request is answered, never the end of the process
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}

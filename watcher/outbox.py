@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from autoheal.backoff import Backoff
 from watcher.alerts import WatchAlert
 
 Key = tuple[tuple[str, str], ...]
@@ -89,6 +90,10 @@ class Outbox:
         self.max_pending = max_pending
         self.retry_min = retry_min
         self.retry_max = retry_max
+        # each entry counts its own failures and keeps its next try; the delays are the core's
+        # (no jitter, as before). The sender (watcher/daemon.py) does the waiting, at most 1 s at
+        # a time between looks at its stop event.
+        self._backoff = Backoff(retry_min, retry_max, jitter=0.0)
         self._entries: dict[Key, Entry] = {}
         self.cond = threading.Condition()
         self.overflow = 0
@@ -157,7 +162,7 @@ class Outbox:
             delay = self.retry_min
             for e in entries:
                 e.failures += 1
-                delay = min(self.retry_max, self.retry_min * 2 ** (e.failures - 1))
+                delay = self._backoff.delay(e.failures)
                 e.next_try = now + delay
             return delay
 

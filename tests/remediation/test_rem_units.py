@@ -8,6 +8,7 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 
 from autoheal import __version__
@@ -173,6 +174,40 @@ def test_notifications_are_retried_and_sent_as_json_and_slack(sink):
     assert generic["event"] == "incident.failed" and generic["node"] == "gpu-1"
     assert "inc-1" in slack["text"] and "gpu-1" in slack["text"]
     assert b'autoheal_notifications_total{outcome="sent",sink="slack"} 1.0' in metrics.exposition()
+
+
+def test_a_failed_notification_is_not_waited_for_after_its_last_try(sink):
+    """503 every time, 2 retries: waits of 0.2 and 0.4 s between the three tries, none after the
+    last (it used to sleep 0.8 s more before giving up)."""
+    _Sink.fail_first = 99
+    metrics = Metrics()
+    n = Notifier((NotifySink(url=sink, retries=2),), metrics, backoff=0.2)
+    with httpx.Client() as client:
+        t0 = time.monotonic()
+        n._deliver(client, n.sinks[0], {"event": "x"})
+        took = time.monotonic() - t0
+    assert 99 - _Sink.fail_first == 3, "three tries"
+    assert 0.6 <= took < 1.2, took
+    assert b'autoheal_notifications_total{outcome="failed",sink="webhook"} 1.0' in metrics.exposition()
+
+
+def test_stop_ends_a_notification_waiting_to_retry(sink):
+    _Sink.fail_first = 99
+    metrics = Metrics()
+    n = Notifier((NotifySink(url=sink, retries=5),), metrics, backoff=30)
+    n.start()
+    thread = n._thread
+    assert thread is not None
+    n.send("incident.failed", incident="inc-1")
+    deadline = time.time() + 10
+    while _Sink.fail_first == 99 and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)  # the first try failed: it waits 30 s for the second now
+    t0 = time.monotonic()
+    n.stop(timeout=5)
+    assert not thread.is_alive() and time.monotonic() - t0 < 2
+    assert _Sink.fail_first == 98, "stopped: not tried again"
+    assert b'autoheal_notifications_total{outcome="failed",sink="webhook"} 1.0' in metrics.exposition()
 
 
 def test_sending_never_blocks_when_the_sink_is_down():

@@ -45,6 +45,36 @@ def test_the_generator_reports_a_stale_copy(tmp_path, monkeypatch):
     assert stale.read_text() == gen.render()
 
 
+def test_the_collection_runs_the_cores_backoff_unchanged():
+    """One retry backoff (autoheal/backoff.py): the collection's module_utils/backoff.py is that
+    file, byte for byte, below a two-line header; and so it behaves the same."""
+    gen = generator()
+    copy = gen.BACKOFF_TARGET.read_text()
+    assert copy.startswith(gen.BACKOFF_HEADER), copy[:300]
+    core = (REPO / "autoheal" / "backoff.py").read_text()
+    assert copy[len(gen.BACKOFF_HEADER) :] == core, "stale: run .venv/bin/python collections/gen_contract.py"
+
+    import random
+
+    from autoheal.backoff import Backoff
+
+    theirs = module_utils("backoff").Backoff
+    for jitter in (0.0, 0.5, 1.0):
+        a = Backoff(0.5, 4.0, jitter=jitter, rng=random.Random(3))
+        b = theirs(0.5, 4.0, jitter=jitter, rng=random.Random(3))
+        assert [a.failed() for _ in range(8)] == [b.failed() for _ in range(8)]
+
+
+def test_the_generator_reports_a_stale_backoff_copy(tmp_path, monkeypatch):
+    gen = generator()
+    stale = tmp_path / "backoff.py"
+    stale.write_text(gen.render_backoff().replace("2.0 **", "3.0 **"))
+    monkeypatch.setattr(gen, "BACKOFF_TARGET", stale)
+    assert gen.main(["--check"]) == 1
+    assert gen.main([]) == 0 and gen.main(["--check"]) == 0
+    assert stale.read_text() == gen.render_backoff()
+
+
 def test_the_copy_holds_the_core_values():
     contract = module_utils("contract")
     assert names.NODE_NAME_RE.pattern == contract.NODE_NAME_PATTERN

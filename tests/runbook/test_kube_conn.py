@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.runbook.conftest import MODULE_UTILS, module_utils
+from tests.runbook.conftest import COLLECTIONS, module_utils
 
-MU = MODULE_UTILS / "kube.py"
 kube = module_utils("kube")
 
 
@@ -66,12 +65,13 @@ def test_exec_plugins_go_to_the_kubernetes_package_and_bad_contexts_fail(tmp_pat
     ("user", "imported"), [({"token": "abc"}, False), ({"exec": {"command": "x"}}, True)]
 )
 def test_the_kubernetes_package_is_imported_only_when_needed(tmp_path, user, imported):
-    """In a fresh interpreter (pytest itself may have imported it already)."""
+    """In a fresh interpreter (pytest itself may have imported it already); imported by its
+    collection name, as a module does (it imports the collection's module_utils/backoff.py)."""
     path = write(tmp_path, user)
     code = (
-        "import importlib.util, sys\n"
-        f"s = importlib.util.spec_from_file_location('m', {str(MU)!r})\n"
-        "m = importlib.util.module_from_spec(s); s.loader.exec_module(m)\n"
+        "import importlib, sys\n"
+        f"sys.path.insert(0, {str(COLLECTIONS)!r})\n"
+        "m = importlib.import_module('ansible_collections.autoheal.cluster.plugins.module_utils.kube')\n"
         f"try:\n    m.load_conn({str(path)!r})\nexcept Exception:\n    pass\n"
         "print('kubernetes' in sys.modules)\n"
     )

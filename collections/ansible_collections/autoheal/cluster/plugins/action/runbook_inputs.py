@@ -13,9 +13,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
-from ansible_collections.autoheal.cluster.plugins.plugin_utils.runbook_inputs import InputError, derive
+from ansible_collections.autoheal.cluster.plugins.plugin_utils.runbook_inputs import InputError, check_inputs
 
 
 class ActionModule(ActionBase):  # type: ignore[misc]  # ansible ships no type information
@@ -30,13 +29,8 @@ class ActionModule(ActionBase):  # type: ignore[misc]  # ansible ships no type i
         if not isinstance(spec, dict):
             return dict(result, failed=True, msg="argument_spec: give the play's entry of specs/inputs.yml")
         given = self._templar.template({name: task_vars[name] for name in spec if name in task_vars})
-        checked = ArgumentSpecValidator(spec).validate(given, validate_role_argument_spec=True)
-        if checked.error_messages:
-            return dict(result, failed=True, msg="invalid input: " + "; ".join(checked.error_messages))
         try:
-            run = derive(
-                checked.validated_parameters, os.getcwd(), task_vars.get("playbook_dir", ""), os.environ
-            )
+            run = check_inputs(spec, given, os.getcwd(), task_vars.get("playbook_dir", ""), os.environ)
         except InputError as exc:
             return dict(result, failed=True, msg=str(exc))
         return dict(result, changed=False, ansible_facts=dict(autoheal_run=run))

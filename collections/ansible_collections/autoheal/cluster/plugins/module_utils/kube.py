@@ -21,10 +21,11 @@ import os
 import ssl
 import tempfile
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterable, TypeVar
 from urllib.parse import quote, urlsplit
+
+from ansible_collections.autoheal.cluster.plugins.module_utils.backoff import Backoff
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -52,6 +53,11 @@ class KubeError(Exception):
         Exception.__init__(self, f"{status}: {message}")
         self.status = status
         self.message = message
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """The API server gave no answer or is not ready: worth another try (see UNAVAILABLE)."""
+    return isinstance(exc, KubeError) and exc.status in UNAVAILABLE
 
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -211,6 +217,9 @@ class Kube:
         self.workers = max(1, module.params.get("workers") or KUBE_COMMON_ARGS["workers"]["default"])
         self.api_wait = max(0.0, float(module.params.get("api_wait") or 0))
         self.api_retries = 0  # requests sent again because the API server was away
+        # 0.5 s doubling to 4 s, no jitter (as before the shared backoff); call() counts per
+        # request, so the worker threads share it
+        self.retry = Backoff(RETRY_FIRST_S, RETRY_CAP_S, jitter=0.0, within=self.api_wait)
         kubeconfig = module.params.get("kubeconfig")
         if kubeconfig and not os.path.isabs(kubeconfig):
             # the module's working directory is not the engineer's (the plays pass absolute paths)
@@ -277,26 +286,26 @@ class Kube:
         if body is not None:
             data = json.dumps(body).encode("utf-8")
             headers["Content-Type"] = content_type
-        deadline = time.monotonic() + self.api_wait
-        pause = RETRY_FIRST_S
-        while True:
-            try:
-                status, raw = self._send(method, target, data, headers)
-                if status < 400:
-                    break
+
+        def once() -> bytes:
+            status, raw = self._send(method, target, data, headers)
+            if status >= 400:
                 raise KubeError(status, _message(raw))
-            except KubeError as exc:
-                if exc.status not in UNAVAILABLE:
-                    raise
-                if time.monotonic() + pause > deadline:
-                    raise KubeError(
-                        exc.status,
-                        f"{exc.message} (the API server did not answer; tried {self.api_retries + 1} time(s)"
-                        f" over api_wait={self.api_wait:g}s; raise api_wait to ride out a longer outage)",
-                    ) from exc
-                self.api_retries += 1
-                time.sleep(pause)
-                pause = min(RETRY_CAP_S, pause * 2)
+            return raw
+
+        def counted(_exc: BaseException, _pause: float) -> None:
+            self.api_retries += 1
+
+        try:
+            raw = self.retry.call(once, _unavailable, on_retry=counted)
+        except KubeError as exc:
+            if exc.status not in UNAVAILABLE:
+                raise
+            raise KubeError(
+                exc.status,
+                f"{exc.message} (the API server did not answer; tried {self.api_retries + 1} time(s)"
+                f" over api_wait={self.api_wait:g}s; raise api_wait to ride out a longer outage)",
+            ) from exc
         out: Obj = json.loads(raw) if raw else {}
         return out
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from typing import Any, Dict, Iterable
 
+from ansible_collections.autoheal.cluster.plugins.module_utils.backoff import Backoff
 from ansible_collections.autoheal.cluster.plugins.module_utils.contract import REASON_PREFIX
 from ansible_collections.autoheal.cluster.plugins.module_utils.hostlist import (
     compress_hostlist,
@@ -65,6 +65,14 @@ class SlurmError(Exception):
     """A Slurm command failed (raised instead of fail_json when Slurm.raise_errors is set)."""
 
 
+class _Unreachable(Exception):
+    """A command's client could not reach slurmctld: it did nothing, so it is tried again."""
+
+    def __init__(self, rc: int, out: str, err: str) -> None:
+        Exception.__init__(self, err or out)
+        self.result = (rc, out, err)
+
+
 class Slurm:
     """Runs Slurm client commands for a module, with SLURM_CONF set when given."""
 
@@ -75,6 +83,8 @@ class Slurm:
         # slurmctld restarting or failing over: how long to keep trying before failing the step
         self.controller_wait = max(0, int(module.params.get("controller_wait") or 0))
         self.controller_retries = 0  # commands run again because slurmctld could not be reached
+        # 0.5 s doubling to 4 s, no jitter (as before the shared backoff); call() counts per command
+        self.retry = Backoff(RETRY_FIRST_S, RETRY_CAP_S, jitter=0.0, within=self.controller_wait)
         # a hung slurmctld must not hang the play: every command runs under coreutils' timeout
         self.timeout_bin: str | None = module.get_bin_path("timeout")
         self.env: dict[str, str] = {}
@@ -112,19 +122,24 @@ class Slurm:
         argv = [self._bin(argv[0]), *argv[1:]]
         self.commands.append(argv)
         limit = [self.timeout_bin, "--kill-after=5", str(self.timeout)] if self.timeout_bin else []
-        deadline = time.monotonic() + self.controller_wait
-        pause = RETRY_FIRST_S
-        while True:
+
+        def once() -> tuple[int, str, str]:
             rc, out, err = self.module.run_command(
                 limit + argv, environ_update=self.env, check_rc=False, expand_user_and_vars=False
             )
-            # slurmctld down (restarting, failing over): wait and try again, with a growing pause,
-            # until controller_wait has passed; then the step fails as before
-            if rc == 0 or UNREACHABLE not in f"{err}{out}" or time.monotonic() + pause > deadline:
-                break
+            if rc != 0 and UNREACHABLE in f"{err}{out}":
+                raise _Unreachable(rc, out, err)
+            return rc, out, err
+
+        def counted(_exc: BaseException, _pause: float) -> None:
             self.controller_retries += 1
-            time.sleep(pause)
-            pause = min(RETRY_CAP_S, pause * 2)
+
+        # slurmctld down (restarting, failing over): wait and try again, with a growing pause,
+        # until controller_wait has passed; then the step fails as before
+        try:
+            rc, out, err = self.retry.call(once, (_Unreachable,), on_retry=counted)
+        except _Unreachable as exc:
+            rc, out, err = exc.result
         if rc != 0 and UNREACHABLE in f"{err}{out}":
             err = (
                 f"{err.strip()} (tried {self.controller_retries + 1} time(s) over controller_wait"

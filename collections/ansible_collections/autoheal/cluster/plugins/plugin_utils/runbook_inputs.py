@@ -120,6 +120,22 @@ def derive(values: dict[str, Any], cwd: str, playbook_dir: str, env: Mapping[str
     return run
 
 
+def check_inputs(
+    spec: dict[str, Any], given: dict[str, Any], cwd: str, playbook_dir: str, env: Mapping[str, str]
+) -> dict[str, Any]:
+    """The first step of a runbook play, as one function for both who run it (the action plugin
+    autoheal.cluster.runbook_inputs, and the runner's warm fence through plugin_utils/warm_fence):
+    `given` checked against the play's argument spec (as ansible.builtin.validate_argument_spec
+    does, defaults filled in), then `autoheal_run` derived. Raises InputError naming what is wrong."""
+    # imported here: the rest of this file is pure and its tests need no Ansible
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    checked = ArgumentSpecValidator(spec).validate(given, validate_role_argument_spec=True)
+    if checked.error_messages:
+        raise InputError("invalid input: " + "; ".join(checked.error_messages))
+    return derive(checked.validated_parameters, cwd, playbook_dir, env)
+
+
 def lab_args(run: Mapping[str, Any]) -> list[str]:
     """How the lab backend's `autoheal lab pool ...` calls name their lab: by its pool API's URL
     and a token file (a runner in a pod, where the lab's files are not), else by name and folder."""

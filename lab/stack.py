@@ -76,6 +76,11 @@ def _real_node_config(cfg: LabConfig, conf: dict[str, Any]) -> None:
         runner["image"] = monitoring["watcherImage"] = images["runner"]
     # the lab's GPU simulator serves the DCGM metrics (there is no GPU and no exporter image)
     monitoring["dcgmExporter"] = False
+    # and writes each node's kernel log: a lab node has no NVIDIA driver, and a container's device
+    # cgroup refuses the host's /dev/kmsg (the watcher pods crash-looped on it in host labs)
+    from lab import watch
+
+    monitoring["watcherKernelLogDir"] = str(watch.kmsg_dir(cfg))
     # every lab node is a GPU node; the system pods go to real ones (a KWOK pod never runs)
     pool_taints = [t for p in conf.get("autoheal:pools") or [] for t in p.get("taints", [])]
     for part in (slurm, runner):
@@ -127,7 +132,6 @@ def _pods_config(
     posting to the lab's Alertmanager on the bridge (lab.prom.start_bridge)."""
     import sys
 
-    from lab import watch
     from lab.config import RUNNER_NODE_PORT
     from lab.nodes import cluster
     from remediation.incluster import SA_DIR
@@ -135,7 +139,6 @@ def _pods_config(
     gateway = cluster.context(cfg.run_dir).net.gateway
     monitoring.update(
         alertmanagerUrl=f"http://{gateway}:{cfg.port('alertmanager')}",
-        watcherKernelLogDir=str(watch.kmsg_dir(cfg)),
         # the lab injects, clears and injects again within minutes: short-lived alerts
         watcherResendSeconds=5,
         watcherHoldSeconds=20,

@@ -98,6 +98,12 @@ def test_pulumi_up_on_real_nodes_then_sbatch_over_ssh_runs_in_the_slurmd_pods(tm
             )
         # waitForRollout held: everything is Ready the moment `pulumi up` returns
         assert all(_ready(p) for p in pods), [p["metadata"]["name"] for p in pods if not _ready(p)]
+        # every pod of the stack runs, in every namespace: the XID watchers too (they read the
+        # simulator's kernel logs; on the host's /dev/kmsg they crash-looped)
+        try:
+            wait_for(lambda: podreport.report(cfg.kubeconfig) == "", 60, "every pod Ready")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n{podreport.report(cfg.kubeconfig)}") from exc
         slurmd = {
             p["spec"]["nodeName"]: p["metadata"]["name"] for p in pods if "slurmd" in p["metadata"]["name"]
         }

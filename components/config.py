@@ -19,10 +19,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from autoheal.errors import ConfigError
 from autoheal.imagelock import LOCK_FILE, read_lock
+from autoheal.journalrules import JournalKind, postgres_url_problem, replicas_problem
 from autoheal.names import is_node_name
 
 PROJECT = "autoheal"
@@ -193,6 +202,30 @@ class MonitoringConfig(_Model):
     alertmanager_secrets_dir: str = Field(default="/etc/alertmanager/secrets", alias="alertmanagerSecretsDir")
 
 
+class SecretKeyConfig(_Model):
+    """A key of a Secret in the runner's namespace, by reference: the stack never holds its value."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?$")
+    key: str = Field(default="password", pattern=r"^[-._a-zA-Z0-9]{1,253}$")
+
+
+class RunnerPostgresConfig(_Model):
+    """The PostgreSQL journal the runner's replicas share (components/runner.py, RunnerPostgresArgs)."""
+
+    # a libpq URL without a password: postgresql://user@host:port/db?sslmode=verify-full
+    url: str = Field(min_length=1)
+    # the password, given to the runner as PGPASSWORD; none: PGPASSFILE or a passwordless method
+    password: SecretKeyConfig | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        problem = postgres_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
 class RunnerConfig(_Model):
     image: str | None = None
     dry_run: bool = Field(default=False, alias="dryRun")
@@ -212,6 +245,31 @@ class RunnerConfig(_Model):
     settings: dict[str, Any] = Field(default_factory=dict)
     tolerate_taints: list[TaintConfig] = Field(default_factory=list, alias="tolerateTaints")
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    # "sqlite": one runner, its journal on a PVC; "postgres": `replicas` runners sharing `postgres`
+    # with leader election (autoheal/journalrules.py has the rules, components/runner.py the pods)
+    journal: JournalKind = "sqlite"
+    postgres: RunnerPostgresConfig | None = Field(default=None, validate_default=True)
+    replicas: int = 1
+
+    @field_validator("postgres")
+    @classmethod
+    def _postgres(
+        cls, value: RunnerPostgresConfig | None, info: ValidationInfo
+    ) -> RunnerPostgresConfig | None:
+        journal = info.data.get("journal")
+        if journal == "postgres" and value is None:
+            raise ValueError("journal 'postgres' needs postgres: {url: postgresql://user@host/db}")
+        if journal == "sqlite" and value is not None:
+            raise ValueError("postgres is only for journal 'postgres' (set journal: postgres)")
+        return value
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas(cls, value: int, info: ValidationInfo) -> int:
+        problem = replicas_problem(info.data.get("journal", "sqlite"), value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class StackConfig(_Model):
@@ -257,6 +315,10 @@ _EXPECTED = {
 }
 
 
+# keys whose value is not repeated in an error: a refused journal URL may carry a password
+_NOT_ECHOED = {("runner", "postgres", "url")}
+
+
 def _key_path(loc: tuple[int | str, ...]) -> str:
     out = PROJECT
     for i, part in enumerate(loc):
@@ -278,7 +340,7 @@ def _describe(err: Mapping[str, Any]) -> str:
     if kind in _EXPECTED:
         return f"{key}: expected {_EXPECTED[kind]}, got {shown}"
     msg = str(err["msg"]).removeprefix("Value error, ")
-    if isinstance(err.get("input"), dict | list):
+    if isinstance(err.get("input"), dict | list) or tuple(err["loc"]) in _NOT_ECHOED:
         return f"{key}: {msg}"  # a rule across several keys: the message names them
     return f"{key}: {msg} (got {shown})"
 

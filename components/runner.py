@@ -35,8 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -44,6 +43,7 @@ import yaml
 
 from autoheal import __version__
 from autoheal import labels as lb
+from autoheal.journalrules import JournalKind, postgres_url_problem, replicas_problem
 from components import kube
 from components.common import SecretRef, Taint, await_annotations, base_labels, child, content_hash
 from components.runner_pod import (
@@ -91,10 +91,9 @@ class RunnerPostgresArgs:
     password: SecretRef | None = None
 
     def validate(self) -> None:
-        if not self.url.startswith(("postgresql://", "postgres://")):
-            raise ValueError(f"postgres.url must be a postgresql:// URL, got {self.url!r}")
-        if urlsplit(self.url).password is not None:
-            raise ValueError("postgres.url must not carry a password: set postgres.password (a Secret)")
+        problem = postgres_url_problem(self.url)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 def _policy_rules(rules: tuple[Rule, ...]) -> list[k8s.rbac.v1.PolicyRuleArgs]:
@@ -131,20 +130,14 @@ class RemediationRunnerArgs:
     # labels a node must carry to run the runner (e.g. system nodes); none: any
     node_selector: Mapping[str, str] = field(default_factory=dict)
     # "sqlite": one replica, its journal on a PVC; "postgres": `replicas` pods sharing `postgres`
-    journal: Literal["sqlite", "postgres"] = "sqlite"
+    journal: JournalKind = "sqlite"
     postgres: RunnerPostgresArgs | None = None
     replicas: int = 1
 
     def validate(self) -> None:
-        if self.journal not in ("sqlite", "postgres"):
-            raise ValueError(f"journal must be 'sqlite' or 'postgres', got {self.journal!r}")
-        if self.replicas < 1:
-            raise ValueError(f"replicas must be at least 1, got {self.replicas}")
-        if self.journal == "sqlite" and self.replicas != 1:
-            raise ValueError(
-                f"replicas={self.replicas} needs journal='postgres': a SQLite journal has one writer"
-                " (its file on one PVC); set journal='postgres' and postgres.url"
-            )
+        problem = replicas_problem(self.journal, self.replicas)
+        if problem is not None:
+            raise ValueError(problem)
         if self.journal == "postgres":
             if self.postgres is None:
                 raise ValueError("journal='postgres' needs postgres=RunnerPostgresArgs(url=...)")

@@ -14,11 +14,11 @@ from pathlib import Path
 import pulumi
 
 from components.cluster import EksArgs, KubernetesCluster, KubernetesClusterArgs
-from components.common import Taint
-from components.config import PoolConfig, StackConfig, resolve_path
+from components.common import SecretRef, Taint
+from components.config import PoolConfig, RunnerPostgresConfig, StackConfig, resolve_path
 from components.monitoring import DEFAULT_DCGM_IMAGE, GpuMonitoring, GpuMonitoringArgs
 from components.nodepool import EksNodeGroupArgs, GpuNodePool, GpuNodePoolArgs
-from components.runner import RemediationRunner, RemediationRunnerArgs
+from components.runner import RemediationRunner, RemediationRunnerArgs, RunnerPostgresArgs
 from components.runner_pod import RunnerSlurmArgs
 from components.slurm import SlurmCluster, SlurmClusterArgs, SlurmImages, SlurmStorage, SoftwareVolume
 
@@ -161,8 +161,19 @@ def runner_args(
         slurm=slurm_access(slurm) if slurm is not None and rc.slurm_access else None,
         tolerate=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in rc.tolerate_taints),
         node_selector=dict(rc.node_selector),
+        journal=rc.journal,
+        postgres=runner_postgres(rc.postgres, cluster.namespace) if rc.postgres is not None else None,
+        replicas=rc.replicas,
     )
     return dataclasses.replace(args, image=rc.image) if rc.image else args
+
+
+def runner_postgres(pg: RunnerPostgresConfig, namespace: pulumi.Input[str]) -> RunnerPostgresArgs:
+    """The shared journal of an HA runner; its password a Secret in the runner's namespace."""
+    password = (
+        SecretRef(name=pg.password.name, key=pg.password.key, namespace=namespace) if pg.password else None
+    )
+    return RunnerPostgresArgs(url=pg.url, password=password)
 
 
 def slurm_access(slurm: SlurmCluster) -> RunnerSlurmArgs:

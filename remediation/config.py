@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
 
+from autoheal.journalrules import dsn_has_password
 from autoheal.labels import OPT_OUT_LABEL, POOL_LABEL, QUARANTINED, STATE_LABEL
 from autoheal.yamlfile import read_yaml
 from remediation.cordon_sync import DEFAULT_IGNORED_TAINTS
@@ -185,7 +186,7 @@ class RunnerConfig(BaseModel):
                 "journal_path: set exactly one of journal_path (a SQLite file) and journal_dsn"
                 " (a PostgreSQL database, for replicas)"
             )
-        if self.journal_dsn is not None and _dsn_password(self.journal_dsn):
+        if self.journal_dsn is not None and dsn_has_password(self.journal_dsn):
             raise ValueError(
                 "journal_dsn: carries a password; remove it and give it as PGPASSWORD or in PGPASSFILE"
             )
@@ -197,18 +198,6 @@ class RunnerConfig(BaseModel):
         from remediation.rules import check_extra_var
 
         return {k: check_extra_var(k, v) for k, v in value.items()}
-
-
-def _dsn_password(dsn: str) -> bool:
-    """Whether a libpq URL or conninfo string spells out a password."""
-    from urllib.parse import urlsplit
-
-    if dsn.startswith(("postgresql://", "postgres://")):
-        try:
-            return urlsplit(dsn).password is not None or "password=" in (urlsplit(dsn).query or "")
-        except ValueError:
-            return False
-    return any(part.strip().startswith("password") for part in dsn.split())
 
 
 _PATH_KEYS = (

@@ -227,3 +227,56 @@ def test_a_malformed_lock_file_is_a_config_error_naming_the_file_and_the_key(tmp
         read_image_lock(tmp_path)
     msg = str(exc.value)
     assert msg.startswith(f"{tmp_path / 'images.lock.json'}: ") and named in msg, msg
+
+
+HA_RUNNER = {
+    "journal": "postgres",
+    "replicas": 3,
+    "postgres": {"url": "postgresql://autoheal@db:5432/autoheal", "password": {"name": "journal-db"}},
+}
+
+
+def test_the_ha_runner_is_declared_with_journal_postgres_and_replicas():
+    cfg = parse_stack_config({"cluster": CLUSTER, "pools": [POOL], "runner": HA_RUNNER})
+    rc = cfg.runner
+    assert (rc.journal, rc.replicas) == ("postgres", 3)
+    assert rc.postgres is not None and rc.postgres.password is not None
+    assert (rc.postgres.url, rc.postgres.password.name, rc.postgres.password.key) == (
+        "postgresql://autoheal@db:5432/autoheal",
+        "journal-db",
+        "password",
+    )
+    default = parse_stack_config({"cluster": CLUSTER, "pools": [POOL]}).runner
+    assert (default.journal, default.postgres, default.replicas) == ("sqlite", None, 1)
+
+
+@pytest.mark.parametrize(
+    ("runner", "named"),
+    [
+        ({"replicas": 2}, "autoheal:runner.replicas: replicas=2 needs journal='postgres'"),
+        ({"replicas": 0}, "autoheal:runner.replicas: replicas must be at least 1"),
+        ({"journal": "postgres"}, "autoheal:runner.postgres: journal 'postgres' needs postgres"),
+        ({"postgres": HA_RUNNER["postgres"]}, "autoheal:runner.postgres: postgres is only for journal"),
+        ({"journal": "mysql"}, "autoheal:runner.journal: Input should be 'sqlite' or 'postgres'"),
+        (
+            {**HA_RUNNER, "postgres": {"url": "postgresql://autoheal:hunter2@db/autoheal"}},
+            "autoheal:runner.postgres.url: postgres.url must not carry a password",
+        ),
+        (
+            {**HA_RUNNER, "postgres": {"url": "postgresql://autoheal@db/autoheal?password=hunter2"}},
+            "autoheal:runner.postgres.url: postgres.url must not carry a password",
+        ),
+        (
+            {**HA_RUNNER, "postgres": {"url": "host=db user=autoheal"}},
+            "autoheal:runner.postgres.url: postgres.url must be a postgresql:// URL",
+        ),
+        (
+            {**HA_RUNNER, "postgres": {"url": HA_RUNNER["postgres"]["url"], "password": {"key": "pw"}}},
+            "autoheal:runner.postgres.password.name: required",
+        ),
+    ],
+)
+def test_ha_runner_mistakes_name_their_key(runner, named):
+    msg = _error({"cluster": CLUSTER, "pools": [POOL], "runner": runner})
+    assert named in msg
+    assert "hunter2" not in msg  # a refused URL is not echoed: it may carry the password

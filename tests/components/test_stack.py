@@ -157,3 +157,51 @@ def test_the_runner_reaches_this_stacks_slurmctld_with_its_slurm_conf_and_munge_
     deployment = lab.one("kubernetes:apps/v1:Deployment", "autoheal-runner")
     inits = [c["name"] for c in deployment.inputs["spec"]["template"]["spec"]["initContainers"]]
     assert "munged" in inits
+
+
+HA_RUNNER = {
+    "journal": "postgres",
+    "replicas": 2,
+    "postgres": {
+        "url": "postgresql://autoheal@journal.db.svc:5432/autoheal?sslmode=verify-full",
+        "password": {"name": "journal-db"},
+    },
+}
+
+
+def test_the_stack_file_declares_an_ha_runner_with_a_postgres_journal():
+    """autoheal:runner's journal, postgres and replicas reach RemediationRunner through runner_args:
+    two replicas under leader election, the journal's URL in runner.yaml, the password a reference
+    to a Secret in the runner's namespace (PGPASSWORD), never its value."""
+    import yaml
+
+    from components.config import parse_stack_config
+    from components.stack import build_stack
+    from remediation.config import parse_config
+    from tests.components.harness import ROOT, env_of, lab_stack_raw, pod_spec, run_program
+
+    raw = lab_stack_raw()
+    cfg = parse_stack_config({**raw, "runner": {**raw.get("runner", {}), **HA_RUNNER}})
+
+    def program():
+        stack = build_stack(cfg, ROOT, "rules: []\n", {"gpu_fatal_xid.yml": "- hosts: localhost\n"})
+        return {"webhook_url": stack.runner.webhook_url}
+
+    rec = run_program(program)
+    dep = rec.one("kubernetes:apps/v1:Deployment", "autoheal-runner")
+    assert dep.inputs["spec"]["replicas"] == 2
+    assert not [
+        r for r in rec.of_type("kubernetes:core/v1:PersistentVolumeClaim") if "runner" in str(r.k8s_name)
+    ]
+    (container,) = pod_spec(dep)["containers"]
+    assert env_of(container)["PGPASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "journal-db",
+        "key": "password",
+    }
+    assert rec.one("kubernetes:policy/v1:PodDisruptionBudget", "autoheal-runner")
+    assert rec.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "autoheal-runner-leader-election")
+    text = rec.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config").inputs["data"]["runner.yaml"]
+    runner_cfg = parse_config(yaml.safe_load(text), "runner.yaml", ROOT, env={})
+    assert runner_cfg.journal_dsn == HA_RUNNER["postgres"]["url"] and runner_cfg.journal_path is None
+    assert runner_cfg.leader_election.enabled
+    assert "journal-db" not in text  # the Secret is referenced by the pod, not copied into config

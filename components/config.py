@@ -6,6 +6,9 @@ its project schema only checks top-level types. So `__main__.py` reads the known
 module decodes and validates them with pydantic; a mistake fails the preview with a message that
 names the key as the user typed it (`autoheal:pools[0].size`) and the type that was expected.
 Components never see this module: `__main__.py` turns the validated model into their plain args.
+Its models are named `*Spec` (StackSpec, PoolSpec, RunnerSpec, ...): what a stack file declares,
+not the runner's own config (remediation/config.py, RunnerConfig), the lab's (lab/config.py) or a
+component's args (`*Args`).
 
 The images the config does not name come from the lock file `autoheal images build` writes
 (autoheal/imagelock.py, `with_locked_images`): references by digest, which the policy pack
@@ -41,7 +44,7 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class EksConfig(_Model):
+class EksSpec(_Model):
     region: str = Field(min_length=1)
     subnet_ids: list[str] = Field(alias="subnetIds", min_length=2)
     version: str = "1.31"
@@ -50,14 +53,14 @@ class EksConfig(_Model):
     tags: dict[str, str] = Field(default_factory=dict)
 
 
-class ClusterConfig(_Model):
+class ClusterSpec(_Model):
     backend: Literal["kubeconfig", "eks"] = "kubeconfig"
     kubeconfig: str | None = None
     context: str | None = None
-    eks: EksConfig | None = None
+    eks: EksSpec | None = None
 
     @model_validator(mode="after")
-    def _backend_args(self) -> ClusterConfig:
+    def _backend_args(self) -> ClusterSpec:
         if self.backend == "kubeconfig" and not self.kubeconfig:
             raise ValueError("backend 'kubeconfig' needs 'kubeconfig' (a path to a kubeconfig)")
         if self.backend == "eks" and self.eks is None:
@@ -65,13 +68,13 @@ class ClusterConfig(_Model):
         return self
 
 
-class TaintConfig(_Model):
+class TaintSpec(_Model):
     key: str = Field(min_length=1)
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
 
-class EksNodeGroupConfig(_Model):
+class EksNodeGroupSpec(_Model):
     instance_type: str = Field(default="p5.48xlarge", alias="instanceType")
     ami_type: str = Field(default="AL2023_x86_64_NVIDIA", alias="amiType")
     capacity_type: Literal["ON_DEMAND", "SPOT", "CAPACITY_BLOCK"] = Field(
@@ -80,7 +83,7 @@ class EksNodeGroupConfig(_Model):
     disk_size_gb: int = Field(default=200, ge=20, alias="diskSizeGb")
 
 
-class PoolConfig(_Model):
+class PoolSpec(_Model):
     name: str
     prefix: str | None = None
     gpu_model: str = Field(default="h100", alias="gpuModel", min_length=1)
@@ -89,13 +92,13 @@ class PoolConfig(_Model):
     spares: int = Field(default=1, ge=0)
     headroom: int = Field(default=0, ge=0)
     labels: dict[str, str] = Field(default_factory=dict)
-    taints: list[TaintConfig] = Field(default_factory=list)
+    taints: list[TaintSpec] = Field(default_factory=list)
     cpus: int = Field(default=2, ge=1)
     real_memory_mb: int = Field(default=1000, ge=1, alias="realMemoryMb")
     remediation: bool = True
     # Why this pool may run without spares or remediation; the policy pack decides, not this model.
     waiver: str | None = None
-    eks: EksNodeGroupConfig | None = None
+    eks: EksNodeGroupSpec | None = None
 
     @field_validator("name")
     @classmethod
@@ -116,7 +119,7 @@ class PoolConfig(_Model):
         return self.prefix or self.name
 
 
-class SlurmImagesConfig(_Model):
+class SlurmImagesSpec(_Model):
     """Unset: the lock file's `slurm` image, else components/slurm's tag default."""
 
     controller: str | None = None
@@ -125,7 +128,7 @@ class SlurmImagesConfig(_Model):
     munge: str | None = None
 
 
-class SlurmStorageConfig(_Model):
+class SlurmStorageSpec(_Model):
     state_size: str = Field(default="10Gi", alias="stateSize")
     home_size: str = Field(default="100Gi", alias="homeSize")
     checkpoint_size: str = Field(default="1Ti", alias="checkpointSize")
@@ -136,7 +139,7 @@ class SlurmStorageConfig(_Model):
     )
 
 
-class SoftwareVolumeConfig(_Model):
+class SoftwareVolumeSpec(_Model):
     """A read-only software tree for the jobs (components/slurm/storage.py): a claim or a host path."""
 
     name: str = Field(pattern=r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")
@@ -145,7 +148,7 @@ class SoftwareVolumeConfig(_Model):
     host_path: str | None = Field(default=None, alias="hostPath", pattern=r"^/[^\s]*$")
 
     @model_validator(mode="after")
-    def _one_source(self) -> SoftwareVolumeConfig:
+    def _one_source(self) -> SoftwareVolumeSpec:
         if (self.claim is None) == (self.host_path is None):
             raise ValueError(f"software volume {self.name!r}: give exactly one of claim and hostPath")
         if self.name in (
@@ -163,11 +166,11 @@ class SoftwareVolumeConfig(_Model):
         return self
 
 
-class SlurmConfig(_Model):
+class SlurmSpec(_Model):
     namespace: str = "slurm"
     cluster_name: str = Field(default="autoheal", alias="clusterName")
-    images: SlurmImagesConfig = SlurmImagesConfig()
-    storage: SlurmStorageConfig = SlurmStorageConfig()
+    images: SlurmImagesSpec = SlurmImagesSpec()
+    storage: SlurmStorageSpec = SlurmStorageSpec()
     authorized_keys: list[str] = Field(default_factory=list, alias="authorizedKeys")
     login_service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
         default="ClusterIP", alias="loginServiceType"
@@ -178,14 +181,14 @@ class SlurmConfig(_Model):
     # dcgm-exporter image waits for Slurm and not for monitoring)
     wait_for_rollout: bool | None = Field(default=None, alias="waitForRollout")
     # taints slurmctld and login tolerate (a cluster, like the lab, whose every node is a GPU node)
-    tolerate_taints: list[TaintConfig] = Field(default_factory=list, alias="tolerateTaints")
+    tolerate_taints: list[TaintSpec] = Field(default_factory=list, alias="tolerateTaints")
     # labels a node must carry to run slurmctld and login (system nodes; the lab: its real nodes)
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
     # read-only software trees mounted in the login and slurmd pods (the jobs' Python and PyTorch)
-    software: list[SoftwareVolumeConfig] = Field(default_factory=list)
+    software: list[SoftwareVolumeSpec] = Field(default_factory=list)
 
 
-class MonitoringConfig(_Model):
+class MonitoringSpec(_Model):
     prometheus_operator: bool = Field(default=False, alias="prometheusOperator")
     # dcgm-exporter's image, by digest (the default is NVIDIA's tag: the policy pack refuses it)
     dcgm_image: str | None = Field(default=None, alias="dcgmImage")
@@ -202,20 +205,20 @@ class MonitoringConfig(_Model):
     alertmanager_secrets_dir: str = Field(default="/etc/alertmanager/secrets", alias="alertmanagerSecretsDir")
 
 
-class SecretKeyConfig(_Model):
+class SecretKeySpec(_Model):
     """A key of a Secret in the runner's namespace, by reference: the stack never holds its value."""
 
     name: str = Field(pattern=r"^[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?$")
     key: str = Field(default="password", pattern=r"^[-._a-zA-Z0-9]{1,253}$")
 
 
-class RunnerPostgresConfig(_Model):
+class RunnerPostgresSpec(_Model):
     """The PostgreSQL journal the runner's replicas share (components/runner.py, RunnerPostgresArgs)."""
 
     # a libpq URL without a password: postgresql://user@host:port/db?sslmode=verify-full
     url: str = Field(min_length=1)
     # the password, given to the runner as PGPASSWORD; none: PGPASSFILE or a passwordless method
-    password: SecretKeyConfig | None = None
+    password: SecretKeySpec | None = None
 
     @field_validator("url")
     @classmethod
@@ -226,7 +229,7 @@ class RunnerPostgresConfig(_Model):
         return value
 
 
-class RunnerConfig(_Model):
+class RunnerSpec(_Model):
     image: str | None = None
     dry_run: bool = Field(default=False, alias="dryRun")
     port: int = Field(default=9095, ge=1, le=65535)
@@ -243,19 +246,17 @@ class RunnerConfig(_Model):
     journal_size: str = Field(default="1Gi", alias="journalSize")
     journal_storage_class: str | None = Field(default=None, alias="journalStorageClass")
     settings: dict[str, Any] = Field(default_factory=dict)
-    tolerate_taints: list[TaintConfig] = Field(default_factory=list, alias="tolerateTaints")
+    tolerate_taints: list[TaintSpec] = Field(default_factory=list, alias="tolerateTaints")
     node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
     # "sqlite": one runner, its journal on a PVC; "postgres": `replicas` runners sharing `postgres`
     # with leader election (autoheal/journalrules.py has the rules, components/runner.py the pods)
     journal: JournalKind = "sqlite"
-    postgres: RunnerPostgresConfig | None = Field(default=None, validate_default=True)
+    postgres: RunnerPostgresSpec | None = Field(default=None, validate_default=True)
     replicas: int = 1
 
     @field_validator("postgres")
     @classmethod
-    def _postgres(
-        cls, value: RunnerPostgresConfig | None, info: ValidationInfo
-    ) -> RunnerPostgresConfig | None:
+    def _postgres(cls, value: RunnerPostgresSpec | None, info: ValidationInfo) -> RunnerPostgresSpec | None:
         journal = info.data.get("journal")
         if journal == "postgres" and value is None:
             raise ValueError("journal 'postgres' needs postgres: {url: postgresql://user@host/db}")
@@ -272,17 +273,17 @@ class RunnerConfig(_Model):
         return value
 
 
-class StackConfig(_Model):
+class StackSpec(_Model):
     namespace: str = "autoheal"
-    cluster: ClusterConfig
-    pools: list[PoolConfig] = Field(min_length=1)
-    slurm: SlurmConfig = SlurmConfig()
-    monitoring: MonitoringConfig = MonitoringConfig()
-    runner: RunnerConfig = RunnerConfig()
+    cluster: ClusterSpec
+    pools: list[PoolSpec] = Field(min_length=1)
+    slurm: SlurmSpec = SlurmSpec()
+    monitoring: MonitoringSpec = MonitoringSpec()
+    runner: RunnerSpec = RunnerSpec()
     wait_for_rollout: bool = Field(default=True, alias="waitForRollout")
 
     @model_validator(mode="after")
-    def _unique_pools(self) -> StackConfig:
+    def _unique_pools(self) -> StackSpec:
         for what, values in (
             ("names", [p.name for p in self.pools]),
             ("prefixes", [p.node_prefix for p in self.pools]),
@@ -345,16 +346,16 @@ def _describe(err: Mapping[str, Any]) -> str:
     return f"{key}: {msg} (got {shown})"
 
 
-def parse_stack_config(raw: Mapping[str, Any]) -> StackConfig:
+def parse_stack_config(raw: Mapping[str, Any]) -> StackSpec:
     """Validate decoded config values (keys as in Pulumi.<stack>.yaml, without the project)."""
     try:
-        return StackConfig.model_validate(dict(raw))
+        return StackSpec.model_validate(dict(raw))
     except ValidationError as exc:
         problems = [_describe(e) for e in exc.errors()]
         raise ConfigError("invalid stack configuration:\n  " + "\n  ".join(problems)) from exc
 
 
-def read_stack_config(get: Callable[[str], str | None]) -> StackConfig:
+def read_stack_config(get: Callable[[str], str | None]) -> StackSpec:
     """Read the known keys through `get` (pulumi.Config().get) and validate them. Unset keys take
     the model's defaults, which mirror the defaults in Pulumi.yaml."""
     raw: dict[str, Any] = {}
@@ -383,7 +384,7 @@ def read_image_lock(root: Path) -> dict[str, str]:
     return read_lock(root / LOCK_FILE) or {}
 
 
-def with_locked_images(cfg: StackConfig, locked: Mapping[str, str]) -> StackConfig:
+def with_locked_images(cfg: StackSpec, locked: Mapping[str, str]) -> StackSpec:
     """`cfg` with the lock's images where the config names none: the `slurm` image for Slurm's
     controller, slurmd, login and munge, the `runner` image for the runner and the XID watchers
     (which run from it). An image the config names always wins, so a stack file can pin one
@@ -408,7 +409,7 @@ def resolve_path(root: Path, value: str) -> Path:
     return p if p.is_absolute() else (root / p).resolve()
 
 
-def load_runner_files(root: Path, runner: RunnerConfig) -> tuple[str, dict[str, str]]:
+def load_runner_files(root: Path, runner: RunnerSpec) -> tuple[str, dict[str, str]]:
     """The routing rules text and the entry playbooks (top-level *.yml) the runner ships with."""
     rules = resolve_path(root, runner.rules_file)
     try:

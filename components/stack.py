@@ -1,7 +1,7 @@
-"""The whole autoheal stack from a validated StackConfig: the one place that wires components.
+"""The whole autoheal stack from a validated StackSpec: the one place that wires components.
 
 `__main__.py` only reads `pulumi.Config` and calls `build_stack`; tests call `build_stack` under
-Pulumi mocks with a StackConfig of their own, so the wiring is tested without the engine.
+Pulumi mocks with a StackSpec of their own, so the wiring is tested without the engine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pulumi
 
 from components.cluster import EksArgs, KubernetesCluster, KubernetesClusterArgs
 from components.common import SecretRef, Taint
-from components.config import PoolConfig, RunnerPostgresConfig, StackConfig, resolve_path
+from components.config import PoolSpec, RunnerPostgresSpec, StackSpec, resolve_path
 from components.monitoring import DEFAULT_DCGM_IMAGE, GpuMonitoring, GpuMonitoringArgs
 from components.nodepool import EksNodeGroupArgs, GpuNodePool, GpuNodePoolArgs
 from components.runner import RemediationRunner, RemediationRunnerArgs, RunnerPostgresArgs
@@ -33,7 +33,7 @@ class Stack:
 
 
 def build_stack(
-    cfg: StackConfig,
+    cfg: StackSpec,
     root: Path,
     rules_yaml: str,
     playbooks: Mapping[str, str],
@@ -52,7 +52,7 @@ def build_stack(
     return stack
 
 
-def cluster_args(cfg: StackConfig, root: Path) -> KubernetesClusterArgs:
+def cluster_args(cfg: StackSpec, root: Path) -> KubernetesClusterArgs:
     c = cfg.cluster
     return KubernetesClusterArgs(
         backend=c.backend,
@@ -74,7 +74,7 @@ def cluster_args(cfg: StackConfig, root: Path) -> KubernetesClusterArgs:
     )
 
 
-def pool_args(p: PoolConfig, cluster: KubernetesCluster) -> GpuNodePoolArgs:
+def pool_args(p: PoolSpec, cluster: KubernetesCluster) -> GpuNodePoolArgs:
     eks = p.eks if cluster.eks else None
     return GpuNodePoolArgs(
         name=p.name,
@@ -105,7 +105,7 @@ def pool_args(p: PoolConfig, cluster: KubernetesCluster) -> GpuNodePoolArgs:
     )
 
 
-def slurm_args(cfg: StackConfig, pools: list[GpuNodePool]) -> SlurmClusterArgs:
+def slurm_args(cfg: StackSpec, pools: list[GpuNodePool]) -> SlurmClusterArgs:
     sc = cfg.slurm
     st = sc.storage
     return SlurmClusterArgs(
@@ -136,7 +136,7 @@ def slurm_args(cfg: StackConfig, pools: list[GpuNodePool]) -> SlurmClusterArgs:
 
 
 def runner_args(
-    cfg: StackConfig,
+    cfg: StackSpec,
     cluster: KubernetesCluster,
     rules_yaml: str,
     playbooks: Mapping[str, str],
@@ -168,7 +168,7 @@ def runner_args(
     return dataclasses.replace(args, image=rc.image) if rc.image else args
 
 
-def runner_postgres(pg: RunnerPostgresConfig, namespace: pulumi.Input[str]) -> RunnerPostgresArgs:
+def runner_postgres(pg: RunnerPostgresSpec, namespace: pulumi.Input[str]) -> RunnerPostgresArgs:
     """The shared journal of an HA runner; its password a Secret in the runner's namespace."""
     password = (
         SecretRef(name=pg.password.name, key=pg.password.key, namespace=namespace) if pg.password else None
@@ -184,7 +184,7 @@ def slurm_access(slurm: SlurmCluster) -> RunnerSlurmArgs:
 
 
 def monitoring_args(
-    cfg: StackConfig, cluster: KubernetesCluster, runner: RemediationRunner
+    cfg: StackSpec, cluster: KubernetesCluster, runner: RemediationRunner
 ) -> GpuMonitoringArgs:
     mc = cfg.monitoring
     return GpuMonitoringArgs(

@@ -23,7 +23,7 @@ import yaml
 SHARED_INPUTS = ("Pulumi.yaml", "__main__.py", "pyproject.toml")
 SHARED_INPUT_DIRS = ("components/", "autoheal/", "policy/")
 # Runner files a stack ships as ConfigMaps, when its config does not name others
-# (components.config.RunnerConfig's defaults).
+# (components.config.RunnerSpec's defaults).
 DEFAULT_RULES_FILE = "config/rules.yaml"
 DEFAULT_PLAYBOOKS_DIR = "playbooks"
 # The approval marker, as a git trailer in any commit of the change:

@@ -17,7 +17,7 @@ from autoheal.errors import ConfigError
 from components.config import (
     SCALAR_KEYS,
     STRUCTURED_KEYS,
-    StackConfig,
+    StackSpec,
     load_runner_files,
     parse_stack_config,
     read_image_lock,
@@ -123,7 +123,7 @@ def test_project_schema_declares_exactly_the_models_keys_with_the_same_defaults(
     assert project["runtime"]["options"]["virtualenv"] == ".venv"
     schema = project["config"]
     assert set(schema) == set(SCALAR_KEYS) | set(STRUCTURED_KEYS)
-    fields = {f.alias or name: f for name, f in StackConfig.model_fields.items()}
+    fields = {f.alias or name: f for name, f in StackSpec.model_fields.items()}
     for key, decl in schema.items():
         assert decl["type"] in {"string", "boolean", "object", "array"}, key
         if "default" in decl and decl["type"] != "object":

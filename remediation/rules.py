@@ -54,7 +54,9 @@ _TEMPLATE_MARKS = ("{{", "{%", "{#")
 
 
 @dataclass(frozen=True)
-class Term:
+class LabelMatch:
+    """One term of a rule's condition: `event.alert.labels.<label> == "<value>"` (or `!=`)."""
+
     label: str
     op: str
     value: str
@@ -64,10 +66,10 @@ class Term:
         return (actual == self.value) if self.op == "==" else (actual != self.value)
 
 
-def parse_condition(text: str) -> tuple[Term, ...]:
+def parse_condition(text: str) -> tuple[LabelMatch, ...]:
     """Parse `event.alert.labels.X == "v" and ...`; raise ValueError on anything else."""
     parts = [p.strip() for p in re.split(r"\s+and\s+", text.strip())]
-    terms = []
+    terms: list[LabelMatch] = []
     for part in parts:
         m = _TERM.fullmatch(part)
         if m is None:
@@ -75,7 +77,7 @@ def parse_condition(text: str) -> tuple[Term, ...]:
                 f'unsupported condition term {part!r}: use event.alert.labels.<name> == "<value>"'
                 " (or !=), joined by 'and'"
             )
-        terms.append(Term(m.group(1), m.group(2), m.group(3)))
+        terms.append(LabelMatch(m.group(1), m.group(2), m.group(3)))
     if not any(t.op == "==" and t.label == "alertname" for t in terms):
         raise ValueError("the condition must pin event.alert.labels.alertname with ==")
     return tuple(terms)
@@ -189,7 +191,7 @@ class Rule:
     """A validated routing rule."""
 
     name: str
-    terms: tuple[Term, ...]
+    terms: tuple[LabelMatch, ...]
     playbook: str
     extra_vars: dict[str, Any]
     dedup_window_seconds: int | None

@@ -25,7 +25,7 @@ from starlette.testclient import TestClient
 from autoheal.paths import data_root
 from remediation.app import create_app
 from remediation.config import parse_config
-from remediation.kube import FakeKube
+from remediation.kubeview import FakeKube
 from remediation.runtime import build
 
 TOKEN = "bench-hostile-token-0123456789abcdef"

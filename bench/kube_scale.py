@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from autoheal.labels import GPU_PRODUCT_LABEL, POOL_LABEL
-from lab import kube
+from lab import controlplane
 
 
 def rss_mib(pid: int) -> float:
@@ -37,7 +37,7 @@ def main() -> None:
     args = ap.parse_args()
 
     specs = [
-        kube.KubeNodeSpec(
+        controlplane.KubeNodeSpec(
             f"gpu-{i:05d}",
             labels={POOL_LABEL: f"pool-{i % 8}", GPU_PRODUCT_LABEL: "H100"},
             taints=[],
@@ -48,20 +48,20 @@ def main() -> None:
         run_dir = Path(tmp)
         try:
             t0 = time.monotonic()
-            handle = kube.start_control_plane(run_dir, [], args.port_base, timeout=args.timeout)
+            handle = controlplane.start_control_plane(run_dir, [], args.port_base, timeout=args.timeout)
             t_services = time.monotonic() - t0
 
             t1 = time.monotonic()
             # Creation and readiness are timed apart.
-            kube.create_nodes(handle.kubeconfig, specs, workers=16)
+            controlplane.create_nodes(handle.kubeconfig, specs, workers=16)
             t_create = time.monotonic() - t1
-            kube.wait_nodes_ready(handle.kubeconfig, [s.name for s in specs], timeout=args.timeout)
+            controlplane.wait_nodes_ready(handle.kubeconfig, [s.name for s in specs], timeout=args.timeout)
             t_ready = time.monotonic() - t1
             total = time.monotonic() - t0
 
             time.sleep(args.settle)
             rss = {svc: round(rss_mib(pid), 1) for svc, pid in handle.pids.items()}
-            status = kube.control_plane_status(run_dir)
+            status = controlplane.control_plane_status(run_dir)
 
             print(f"nodes:                        {args.nodes}")
             print(f"services healthy:             {t_services:6.1f} s")
@@ -88,7 +88,7 @@ def main() -> None:
                 )
         finally:
             t_stop = time.monotonic()
-            kube.stop_control_plane(run_dir)
+            controlplane.stop_control_plane(run_dir)
             print(f"stopped in {time.monotonic() - t_stop:.1f} s")
 
 

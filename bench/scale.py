@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from lab import kube, runner
+from lab import controlplane, runner
 from lab import lab as labmod
 from lab.config import MAX_NODES, LabConfig, PoolConfig
 from remediation.journal import Journal
@@ -110,7 +110,7 @@ def measure_incident(
     """One XID 79 on `node` of a running lab whose runner is up: wall times and API calls."""
     n = sum(p.size + p.spares for p in cfg.pools)
     res: dict[str, Any] = {"nodes": n, "node": node}
-    with kube.http_client(cfg.kubeconfig, pool=2, timeout=30) as http:
+    with controlplane.http_client(cfg.kubeconfig, pool=2, timeout=30) as http:
         # A fresh control plane keeps writing for minutes (the node controller's RegisteredNode
         # Events, the TTL controller patching every node): wait until the non-heartbeat request
         # rate is quiet, so the incident's calls stand out; the last window is the background.

@@ -49,7 +49,7 @@ from typing import Any
 import httpx
 
 from autoheal.labels import REASON_PREFIX, SPARE_REASON
-from lab import kube, procs, runner, slurm
+from lab import controlplane, procs, runner, slurm
 from lab import lab as labmod
 from lab.config import MAX_NODES, LabConfig, PoolConfig
 from lab.sink import WebhookSink
@@ -376,7 +376,7 @@ def main() -> None:
             results["scale_probe"]["lab_up_s"] = results["lab_up_s"]
             scale.show(results["scale_probe"])
             (root / "storm.json").write_text(json.dumps(results, indent=2))
-        with kube.http_client(cfg.kubeconfig, pool=4, timeout=30) as http:
+        with controlplane.http_client(cfg.kubeconfig, pool=4, timeout=30) as http:
             settled_s, changing = settle_nodes(http, a.settle_timeout)
             results["settle_nodes_s"], results["nodes_still_changing"] = settled_s, changing
             print(

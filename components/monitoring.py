@@ -30,7 +30,7 @@ import yaml
 
 from autoheal import labels as lb
 from autoheal.monitoring import render_alertmanager_config, render_xid_rules
-from components import kube
+from components import k8sargs
 from components.common import SecretRef, await_annotations, base_labels, child
 from components.xid_watcher import (
     DEFAULT_ALERTMANAGER_URL,
@@ -167,7 +167,7 @@ class GpuMonitoring(pulumi.ComponentResource):
         quarantined and draining nodes are exactly the ones whose GPUs must stay visible."""
         ns = self._args.namespace
         pod = k8s.core.v1.PodSpecArgs(
-            affinity=kube.required_node_affinity([kube.node_has(lb.POOL_LABEL)]),
+            affinity=k8sargs.required_node_affinity([k8sargs.node_has(lb.POOL_LABEL)]),
             tolerations=[k8s.core.v1.TolerationArgs(operator="Exists")],
             containers=[_dcgm_container(self._args.dcgm_image)],
             volumes=[
@@ -180,16 +180,16 @@ class GpuMonitoring(pulumi.ComponentResource):
         scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(DCGM_PORT)}
         daemon_set = k8s.apps.v1.DaemonSet(
             f"{self._name}-dcgm-exporter",
-            metadata=kube.meta("dcgm-exporter", ns, DCGM_LABELS, skip),
+            metadata=k8sargs.meta("dcgm-exporter", ns, DCGM_LABELS, skip),
             spec=k8s.apps.v1.DaemonSetSpecArgs(
-                selector=kube.selector(DCGM_LABELS), template=kube.template(DCGM_LABELS, pod, scrape)
+                selector=k8sargs.selector(DCGM_LABELS), template=k8sargs.template(DCGM_LABELS, pod, scrape)
             ),
             opts=child(self),
         )
         k8s.core.v1.Service(
             f"{self._name}-dcgm-exporter",
-            metadata=kube.meta("dcgm-exporter", ns, DCGM_LABELS, skip),
-            spec=kube.headless_service(DCGM_LABELS, "metrics", DCGM_PORT),
+            metadata=k8sargs.meta("dcgm-exporter", ns, DCGM_LABELS, skip),
+            spec=k8sargs.headless_service(DCGM_LABELS, "metrics", DCGM_PORT),
             opts=child(self),
         )
         return daemon_set
@@ -235,7 +235,7 @@ class GpuMonitoring(pulumi.ComponentResource):
             f"{self._name}-{suffix}",
             api_version=f"{PROMETHEUS_OPERATOR}/{version}",
             kind=kind,
-            metadata=kube.meta(obj, self._args.namespace, labels),
+            metadata=k8sargs.meta(obj, self._args.namespace, labels),
             spec=spec,
             opts=child(self),
         )
@@ -246,14 +246,14 @@ class GpuMonitoring(pulumi.ComponentResource):
         ns, secret = self._args.namespace, self._args.token_secret
         k8s.core.v1.ConfigMap(
             f"{self._name}-xid-rules",
-            metadata=kube.meta("autoheal-xid-rules", ns, RULE_LABELS),
+            metadata=k8sargs.meta("autoheal-xid-rules", ns, RULE_LABELS),
             data={"xid.rules.yml": yaml.safe_dump(self.rules, sort_keys=False)},
             opts=child(self),
         )
         secret_annotation = pulumi.Output.concat(secret.namespace, "/", secret.name)
         k8s.core.v1.ConfigMap(
             f"{self._name}-alertmanager",
-            metadata=kube.meta(
+            metadata=k8sargs.meta(
                 "autoheal-alertmanager",
                 ns,
                 ALERTMANAGER_LABELS,
@@ -269,15 +269,15 @@ def _dcgm_container(image: str) -> k8s.core.v1.ContainerArgs:
         name="dcgm-exporter",
         image=image,
         env=[
-            kube.env("DCGM_EXPORTER_KUBERNETES", "true"),
-            kube.env("DCGM_EXPORTER_LISTEN", f":{DCGM_PORT}"),
-            kube.field_env("NODE_NAME", "spec.nodeName"),
+            k8sargs.env("DCGM_EXPORTER_KUBERNETES", "true"),
+            k8sargs.env("DCGM_EXPORTER_LISTEN", f":{DCGM_PORT}"),
+            k8sargs.field_env("NODE_NAME", "spec.nodeName"),
         ],
         ports=[k8s.core.v1.ContainerPortArgs(name="metrics", container_port=DCGM_PORT)],
         security_context=k8s.core.v1.SecurityContextArgs(
             capabilities=k8s.core.v1.CapabilitiesArgs(add=["SYS_ADMIN"])
         ),
-        readiness_probe=kube.http_probe("/health", DCGM_PORT, period=10),
-        liveness_probe=kube.http_probe("/health", DCGM_PORT, period=20, initial=45),
-        volume_mounts=[kube.mount("pod-resources", POD_RESOURCES_DIR, read_only=True)],
+        readiness_probe=k8sargs.http_probe("/health", DCGM_PORT, period=10),
+        liveness_probe=k8sargs.http_probe("/health", DCGM_PORT, period=20, initial=45),
+        volume_mounts=[k8sargs.mount("pod-resources", POD_RESOURCES_DIR, read_only=True)],
     )

@@ -44,7 +44,7 @@ import yaml
 from autoheal import __version__
 from autoheal import labels as lb
 from autoheal.journalrules import JournalKind, postgres_url_problem, replicas_problem
-from components import kube
+from components import k8sargs
 from components.common import SecretRef, Taint, await_annotations, base_labels, child, content_hash
 from components.runner_pod import (
     DATA_ROOT,
@@ -200,7 +200,7 @@ class RemediationRunner(pulumi.ComponentResource):
         )
 
     def _meta(self, obj: str, annotations: dict[str, str] | None = None) -> k8s.meta.v1.ObjectMetaArgs:
-        return kube.meta(obj, self._args.namespace, self.labels, annotations)
+        return k8sargs.meta(obj, self._args.namespace, self.labels, annotations)
 
     def _identity(self) -> pulumi.Output[str]:
         """A ServiceAccount with RUNNER_RBAC_RULES cluster-wide and RUNNER_EVENT_RULES in the
@@ -215,26 +215,26 @@ class RemediationRunner(pulumi.ComponentResource):
         ]
         self.cluster_role = k8s.rbac.v1.ClusterRole(
             f"{self._name}-role",
-            metadata=kube.meta(RUNNER_NAME, None, self.labels),
+            metadata=k8sargs.meta(RUNNER_NAME, None, self.labels),
             rules=_policy_rules(RUNNER_RBAC_RULES),
             opts=child(self),
         )
         k8s.rbac.v1.ClusterRoleBinding(
             f"{self._name}-binding",
-            metadata=kube.meta(RUNNER_NAME, None, self.labels),
+            metadata=k8sargs.meta(RUNNER_NAME, None, self.labels),
             role_ref=_role_ref("ClusterRole", self.cluster_role.metadata.name),
             subjects=subjects,
             opts=child(self),
         )
         events = k8s.rbac.v1.Role(
             f"{self._name}-events-role",
-            metadata=kube.meta(f"{RUNNER_NAME}-events", self._args.event_namespace, self.labels),
+            metadata=k8sargs.meta(f"{RUNNER_NAME}-events", self._args.event_namespace, self.labels),
             rules=_policy_rules(RUNNER_EVENT_RULES),
             opts=child(self),
         )
         k8s.rbac.v1.RoleBinding(
             f"{self._name}-events-binding",
-            metadata=kube.meta(f"{RUNNER_NAME}-events", self._args.event_namespace, self.labels),
+            metadata=k8sargs.meta(f"{RUNNER_NAME}-events", self._args.event_namespace, self.labels),
             role_ref=_role_ref("Role", events.metadata.name),
             subjects=subjects,
             opts=child(self),
@@ -267,7 +267,7 @@ class RemediationRunner(pulumi.ComponentResource):
             f"{self._name}-pdb",
             metadata=self._meta(RUNNER_NAME),
             spec=k8s.policy.v1.PodDisruptionBudgetSpecArgs(
-                min_available=1, selector=kube.selector(self.labels)
+                min_available=1, selector=k8sargs.selector(self.labels)
             ),
             opts=child(self),
         )
@@ -325,7 +325,7 @@ class RemediationRunner(pulumi.ComponentResource):
         journal = k8s.core.v1.PersistentVolumeClaim(
             f"{self._name}-journal",
             metadata=self._meta(f"{RUNNER_NAME}-journal", skip),
-            spec=kube.claim_spec("ReadWriteOnce", args.journal_size, args.journal_storage_class),
+            spec=k8sargs.claim_spec("ReadWriteOnce", args.journal_size, args.journal_storage_class),
             opts=child(self),
         )
         return journal.metadata.name
@@ -333,13 +333,13 @@ class RemediationRunner(pulumi.ComponentResource):
     def _workload(self, files: _RunnerFiles, skip: dict[str, str]) -> k8s.apps.v1.Deployment:
         a = self._args
         volumes = [
-            kube.secret_volume("token", files.token_secret),
-            kube.config_map_volume("config", files.config_map),
+            k8sargs.secret_volume("token", files.token_secret),
+            k8sargs.config_map_volume("config", files.config_map),
             # with PostgreSQL the pod keeps only its play folders and node locks: its own emptyDir
-            kube.pvc_volume("journal", files.journal_claim)
+            k8sargs.pvc_volume("journal", files.journal_claim)
             if files.journal_claim is not None
-            else kube.empty_dir("journal"),
-            kube.empty_dir("scratch"),
+            else k8sargs.empty_dir("journal"),
+            k8sargs.empty_dir("scratch"),
         ]
         if files.slurm is not None:
             volumes += slurm_volumes(*files.slurm)
@@ -360,8 +360,8 @@ class RemediationRunner(pulumi.ComponentResource):
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 replicas=a.replicas,
                 strategy=_strategy(a),
-                selector=kube.selector(self.labels),
-                template=kube.template(self.labels, pod, {lb.CONFIG_HASH_ANNOTATION: files.config_hash}),
+                selector=k8sargs.selector(self.labels),
+                template=k8sargs.template(self.labels, pod, {lb.CONFIG_HASH_ANNOTATION: files.config_hash}),
             ),
             opts=child(self),
         )
@@ -408,7 +408,7 @@ def _spread(labels: Mapping[str, str]) -> k8s.core.v1.AffinityArgs:
                 k8s.core.v1.WeightedPodAffinityTermArgs(
                     weight=100,
                     pod_affinity_term=k8s.core.v1.PodAffinityTermArgs(
-                        topology_key="kubernetes.io/hostname", label_selector=kube.selector(labels)
+                        topology_key="kubernetes.io/hostname", label_selector=k8sargs.selector(labels)
                     ),
                 )
             ]

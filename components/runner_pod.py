@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import kube
+from components import k8sargs
 from components.common import SecretRef
 
 # the runner image's copy of the project: ansible.cfg, playbooks (with their vars/, specs/,
@@ -93,28 +93,28 @@ def _secure() -> k8s.core.v1.SecurityContextArgs:
 
 def runner_container(a: RunnerPodArgs) -> k8s.core.v1.ContainerArgs:
     mounts = [
-        kube.mount("token", a.token_dir, read_only=True),
-        kube.mount("config", a.config_dir, read_only=True),
-        kube.mount("journal", a.journal_dir),
-        kube.mount("scratch", SCRATCH_DIR),
+        k8sargs.mount("token", a.token_dir, read_only=True),
+        k8sargs.mount("config", a.config_dir, read_only=True),
+        k8sargs.mount("journal", a.journal_dir),
+        k8sargs.mount("scratch", SCRATCH_DIR),
     ]
     env = [
-        kube.env("AUTOHEAL_TOKEN_FILE", f"{a.token_dir}/{a.token_key}"),
-        kube.env("AUTOHEAL_DRY_RUN", str(a.dry_run).lower()),
-        kube.env("ANSIBLE_CONFIG", f"{DATA_ROOT}/ansible.cfg"),
-        kube.env("HOME", SCRATCH_DIR),  # ansible-galaxy's and Ansible's per-user files
+        k8sargs.env("AUTOHEAL_TOKEN_FILE", f"{a.token_dir}/{a.token_key}"),
+        k8sargs.env("AUTOHEAL_DRY_RUN", str(a.dry_run).lower()),
+        k8sargs.env("ANSIBLE_CONFIG", f"{DATA_ROOT}/ansible.cfg"),
+        k8sargs.env("HOME", SCRATCH_DIR),  # ansible-galaxy's and Ansible's per-user files
         # RUN_AS has no passwd entry in the image: Ansible asks getpass.getuser() at import,
         # which reads these before it looks the uid up (and fails: "No username set")
-        kube.env("USER", _user(a.uid)),
-        kube.env("LOGNAME", _user(a.uid)),
-        kube.env("ANSIBLE_LOCAL_TEMP", f"{SCRATCH_DIR}/ansible-tmp"),
+        k8sargs.env("USER", _user(a.uid)),
+        k8sargs.env("LOGNAME", _user(a.uid)),
+        k8sargs.env("ANSIBLE_LOCAL_TEMP", f"{SCRATCH_DIR}/ansible-tmp"),
         # the plays' "remote" is this pod: an absolute path, not ~USER (no home to expand to)
-        kube.env("ANSIBLE_REMOTE_TMP", f"{SCRATCH_DIR}/ansible-remote"),
+        k8sargs.env("ANSIBLE_REMOTE_TMP", f"{SCRATCH_DIR}/ansible-remote"),
         # background tasks' status files: ~ of a system user is its passwd home (/nonexistent)
-        kube.env("ANSIBLE_ASYNC_DIR", f"{SCRATCH_DIR}/ansible-async"),
+        k8sargs.env("ANSIBLE_ASYNC_DIR", f"{SCRATCH_DIR}/ansible-async"),
         # leader election's identity and the Lease's namespace (remediation/leader.py)
-        kube.field_env("POD_NAME", "metadata.name"),
-        kube.field_env("POD_NAMESPACE", "metadata.namespace"),
+        k8sargs.field_env("POD_NAME", "metadata.name"),
+        k8sargs.field_env("POD_NAMESPACE", "metadata.namespace"),
     ]
     if a.postgres_password is not None:
         env.append(
@@ -129,10 +129,10 @@ def runner_container(a: RunnerPodArgs) -> k8s.core.v1.ContainerArgs:
         )
     if a.slurm:
         mounts += [
-            kube.mount("slurm-config", SLURM_DIR, read_only=True),
-            kube.mount("munge-socket", MUNGE_SOCKET_DIR),
+            k8sargs.mount("slurm-config", SLURM_DIR, read_only=True),
+            k8sargs.mount("munge-socket", MUNGE_SOCKET_DIR),
         ]
-        env.append(kube.env("SLURM_CONF", f"{SLURM_DIR}/slurm.conf"))
+        env.append(k8sargs.env("SLURM_CONF", f"{SLURM_DIR}/slurm.conf"))
     return k8s.core.v1.ContainerArgs(
         name="runner",
         image=a.image,
@@ -148,7 +148,7 @@ def runner_container(a: RunnerPodArgs) -> k8s.core.v1.ContainerArgs:
             period_seconds=10,
             timeout_seconds=15,
         ),
-        liveness_probe=kube.http_probe("/healthz", "http", period=20, initial=15),
+        liveness_probe=k8sargs.http_probe("/healthz", "http", period=20, initial=15),
         security_context=_secure(),
     )
 
@@ -165,8 +165,8 @@ def munge_containers(image: str) -> list[k8s.core.v1.ContainerArgs]:
             f"install -d -m 0700 {MUNGE_KEY_DIR}/k && install -m 0400 {MUNGE_SECRET_DIR}/munge.key {key}",
         ],
         volume_mounts=[
-            kube.mount("munge-secret", MUNGE_SECRET_DIR, read_only=True),
-            kube.mount("munge-key", MUNGE_KEY_DIR),
+            k8sargs.mount("munge-secret", MUNGE_SECRET_DIR, read_only=True),
+            k8sargs.mount("munge-key", MUNGE_KEY_DIR),
         ],
         security_context=_secure(),
     )
@@ -184,7 +184,10 @@ def munge_containers(image: str) -> list[k8s.core.v1.ContainerArgs]:
             f"--pid-file={MUNGE_SOCKET_DIR}/munged.pid",
             "--log-file=/dev/stderr",
         ],
-        volume_mounts=[kube.mount("munge-key", MUNGE_KEY_DIR), kube.mount("munge-socket", MUNGE_SOCKET_DIR)],
+        volume_mounts=[
+            k8sargs.mount("munge-key", MUNGE_KEY_DIR),
+            k8sargs.mount("munge-socket", MUNGE_SOCKET_DIR),
+        ],
         startup_probe=k8s.core.v1.ProbeArgs(
             exec_=k8s.core.v1.ExecActionArgs(command=["test", "-S", f"{MUNGE_SOCKET_DIR}/munge.socket.2"]),
             period_seconds=1,
@@ -212,8 +215,8 @@ def slurm_volumes(
     config_map: pulumi.Input[str], munge_secret: pulumi.Input[str]
 ) -> list[k8s.core.v1.VolumeArgs]:
     return [
-        kube.config_map_volume("slurm-config", config_map),
-        kube.secret_volume("munge-secret", munge_secret),
-        kube.empty_dir("munge-key"),
-        kube.empty_dir("munge-socket"),
+        k8sargs.config_map_volume("slurm-config", config_map),
+        k8sargs.secret_volume("munge-secret", munge_secret),
+        k8sargs.empty_dir("munge-key"),
+        k8sargs.empty_dir("munge-socket"),
     ]

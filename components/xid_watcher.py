@@ -19,7 +19,7 @@ import pulumi_kubernetes as k8s
 
 from autoheal import __version__
 from autoheal import labels as lb
-from components import kube
+from components import k8sargs
 from components.common import base_labels, child
 
 WATCHER_PORT = 9402
@@ -54,7 +54,7 @@ def xid_watcher(
     """The DaemonSet (see the module docstring); `skip` are the await annotations."""
     host = k8s.core.v1.HostPathVolumeSourceArgs
     pod = k8s.core.v1.PodSpecArgs(
-        affinity=kube.required_node_affinity([kube.node_has(lb.POOL_LABEL)]),
+        affinity=k8sargs.required_node_affinity([k8sargs.node_has(lb.POOL_LABEL)]),
         tolerations=[k8s.core.v1.TolerationArgs(operator="Exists")],
         containers=[_container(args)],
         volumes=[
@@ -72,9 +72,9 @@ def xid_watcher(
     scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(WATCHER_PORT)}
     return k8s.apps.v1.DaemonSet(
         f"{name}-xid-watcher",
-        metadata=kube.meta("xid-watcher", args.namespace, WATCHER_LABELS, skip),
+        metadata=k8sargs.meta("xid-watcher", args.namespace, WATCHER_LABELS, skip),
         spec=k8s.apps.v1.DaemonSetSpecArgs(
-            selector=kube.selector(WATCHER_LABELS), template=kube.template(WATCHER_LABELS, pod, scrape)
+            selector=k8sargs.selector(WATCHER_LABELS), template=k8sargs.template(WATCHER_LABELS, pod, scrape)
         ),
         opts=child(parent),
     )
@@ -101,13 +101,13 @@ def _container(args: XidWatcherArgs) -> k8s.core.v1.ContainerArgs:
             f"--hold-seconds={args.hold_seconds:g}",
         ],
         env=[
-            kube.field_env("NODE_NAME", "spec.nodeName"),
+            k8sargs.field_env("NODE_NAME", "spec.nodeName"),
             k8s.core.v1.EnvVarArgs(name="AUTOHEAL_ALERTMANAGER", value=args.alertmanager_url),
-            kube.env("AUTOHEAL_WATCH_SOURCE", "kmsg"),
-            kube.env("AUTOHEAL_WATCH_PATH", path),
-            kube.env("AUTOHEAL_WATCH_GPU_MAP", gpu_map),
-            kube.env("AUTOHEAL_WATCH_STATE", f"{STATE_DIR}/state.json"),
-            kube.env("AUTOHEAL_WATCH_LISTEN", f"0.0.0.0:{WATCHER_PORT}"),
+            k8sargs.env("AUTOHEAL_WATCH_SOURCE", "kmsg"),
+            k8sargs.env("AUTOHEAL_WATCH_PATH", path),
+            k8sargs.env("AUTOHEAL_WATCH_GPU_MAP", gpu_map),
+            k8sargs.env("AUTOHEAL_WATCH_STATE", f"{STATE_DIR}/state.json"),
+            k8sargs.env("AUTOHEAL_WATCH_LISTEN", f"0.0.0.0:{WATCHER_PORT}"),
         ],
         ports=[k8s.core.v1.ContainerPortArgs(name="metrics", container_port=WATCHER_PORT)],
         security_context=k8s.core.v1.SecurityContextArgs(
@@ -119,10 +119,10 @@ def _container(args: XidWatcherArgs) -> k8s.core.v1.ContainerArgs:
         resources=k8s.core.v1.ResourceRequirementsArgs(
             requests={"cpu": "10m", "memory": "64Mi"}, limits={"memory": "256Mi"}
         ),
-        liveness_probe=kube.http_probe("/healthz", WATCHER_PORT, period=20, initial=10),
+        liveness_probe=k8sargs.http_probe("/healthz", WATCHER_PORT, period=20, initial=10),
         # the state folder is per node even where nodes share one filesystem (the lab's)
         volume_mounts=[
-            kube.mount("kmsg", mount, read_only=True),
+            k8sargs.mount("kmsg", mount, read_only=True),
             k8s.core.v1.VolumeMountArgs(name="state", mount_path=STATE_DIR, sub_path_expr="$(NODE_NAME)"),
         ],
     )

@@ -141,9 +141,9 @@ def slurm_side(cfg: LabConfig) -> SlurmSide:
 
 def _volume_dir(cfg: LabConfig, namespace: str, claim: str) -> Path:
     """The host directory behind a claim (the lab's provisioner backs each volume with one)."""
-    from lab import kube
+    from lab import controlplane
 
-    with kube.http_client(cfg.kubeconfig, pool=1) as http:
+    with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
         pvc = http.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}").json()
         pv = http.get(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}").json()
     return Path(pv["spec"]["hostPath"]["path"])

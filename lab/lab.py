@@ -102,12 +102,12 @@ def runner_available() -> bool:
 
 def kube_available() -> bool:
     try:
-        from lab import kube
+        from lab import controlplane
     except ImportError:
         return False
     try:
         for tool in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
-            kube.tool_path(tool)
+            controlplane.tool_path(tool)
     except Exception:
         return False
     return True
@@ -308,22 +308,22 @@ def _node_specs(cfg: LabConfig) -> list[tuple[str, PoolConfig, bool]]:
 
 
 def start_kube(cfg: LabConfig, advertise_address: str = "127.0.0.1") -> None:
-    from lab import kube
+    from lab import controlplane
 
     real = set(real_node_names(cfg))
     specs = [
-        kube.KubeNodeSpec(n, pool.node_labels(p, spare), pool.node_taints(spare), p.gpus_per_node)
+        controlplane.KubeNodeSpec(n, pool.node_labels(p, spare), pool.node_taints(spare), p.gpus_per_node)
         for n, p, spare in _node_specs(cfg)
         if n not in real
     ]
-    kube.start_control_plane(
+    controlplane.start_control_plane(
         cfg.run_dir, specs, cfg.port("kube"), timeout=cfg.kube_timeout, advertise_address=advertise_address
     )
 
 
 def start_real_nodes(cfg: LabConfig, progress: Progress) -> None:
     """Real nodes with the same names, pool labels, spare label/taint and GPU count as KWOK's."""
-    from lab import kube
+    from lab import controlplane
     from lab.nodes import cluster
 
     real = set(real_node_names(cfg))
@@ -335,7 +335,7 @@ def start_real_nodes(cfg: LabConfig, progress: Progress) -> None:
     cluster.start(
         cfg.run_dir,
         cfg.socket_dir,
-        kube.Ports.from_base(cfg.port("kube")).apiserver,
+        controlplane.Ports.from_base(cfg.port("kube")).apiserver,
         specs,
         cfg.run_dir / "simulator.json",
         progress,
@@ -382,7 +382,7 @@ def down(cfg: LabConfig) -> Teardown:
     Those are found by the lab's slurm.conf in their environment (lab.slurm.job_processes) and
     ended by PID and start time, SIGKILL after a short grace.
     """
-    from lab import kube
+    from lab import controlplane
 
     done = Teardown()
     before = slurm.job_processes(cfg)
@@ -394,7 +394,7 @@ def down(cfg: LabConfig) -> Teardown:
 
         # first: its cgroups, bridge and routes are found by the lab's id, even after a crash
         done.services += cluster.teardown(cfg.run_dir)
-    done.services += kube.stop_control_plane(cfg.run_dir) + _stop_services(cfg)
+    done.services += controlplane.stop_control_plane(cfg.run_dir) + _stop_services(cfg)
     leftovers = {*before, *slurm.job_processes(cfg)}
     _, done.killed = procs.terminate(sorted(leftovers))
     done.job_processes = sum(1 for t in leftovers if not kernel.is_same(*t))
@@ -471,9 +471,9 @@ def status(cfg: LabConfig) -> LabStatus:
         st.services.append(ServiceStatus("watchers", not gone, detail))
     if (cfg.run_dir / "kubeconfig").exists():
         try:
-            from lab import kube
+            from lab import controlplane
 
-            for name, ok in kube.control_plane_status(cfg.run_dir).items():
+            for name, ok in controlplane.control_plane_status(cfg.run_dir).items():
                 st.services.append(ServiceStatus(name, ok, "ok" if ok else "unhealthy"))
         except ImportError:
             pass
@@ -509,9 +509,9 @@ def _pods_status(cfg: LabConfig) -> LabStatus:
         except Exception as exc:
             st.services.append(ServiceStatus(name, False, str(exc)[:300]))
     if cfg.kubeconfig.exists():  # the XID watchers are the stack's pods, listed below
-        from lab import kube
+        from lab import controlplane
 
-        for name, ok in kube.control_plane_status(cfg.run_dir).items():
+        for name, ok in controlplane.control_plane_status(cfg.run_dir).items():
             st.services.append(ServiceStatus(name, ok, "ok" if ok else "unhealthy"))
         for name, ok in cluster.status(cfg.run_dir).items():
             st.services.append(ServiceStatus(name, ok, "running" if ok else "not running"))

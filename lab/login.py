@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autoheal.errors import LabError
-from lab import kube
+from lab import controlplane
 from lab.config import LabConfig
 
 NAMESPACE = "slurm"
@@ -29,7 +29,7 @@ USER = "researcher"
 
 
 def _get(cfg: LabConfig, path: str) -> Any:
-    with kube.http_client(cfg.kubeconfig, pool=1, timeout=10) as http:
+    with controlplane.http_client(cfg.kubeconfig, pool=1, timeout=10) as http:
         r = http.get(path)
         if r.status_code != 200:
             raise LabError(f"login: GET {path}: {r.status_code} {r.text[:200]}")

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from autoheal.errors import LabError
-from lab import kube, procs
+from lab import controlplane, procs
 from lab.config import LabConfig
 
 SLURM_NAMESPACE = "slurm"  # the stack's SlurmCluster namespace (Pulumi.lab.yaml: the default)
@@ -40,7 +40,7 @@ def shut_down(cfg: LabConfig, node: str, timeout: float | None = None) -> int:
     (default: the grace period + 30 s) passes; returns how many were deleted. A pod the kubelet
     does not end in time stops with the node, as it would on a real instance."""
     wait = timeout if timeout is not None else cfg.grace_seconds + 30.0
-    with kube.http_client(cfg.kubeconfig, pool=4) as http:
+    with controlplane.http_client(cfg.kubeconfig, pool=4) as http:
         pods = _pods_on(http, node)
         for pod in pods:
             meta = pod["metadata"]
@@ -87,7 +87,7 @@ def slurmd_daemonset_exists(http: httpx.Client) -> bool:
 def wait_slurmd_ready(cfg: LabConfig, nodes: Sequence[str], timeout: float, since: float = 0.0) -> None:
     """Wait until each node runs a Ready slurmd pod (started after `since`). Nothing to wait for
     before the stack declared the slurmd DaemonSet (a lab whose `pulumi up` has not run yet)."""
-    with kube.http_client(cfg.kubeconfig, pool=1) as http:
+    with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
         if not slurmd_daemonset_exists(http):
             return
         left = list(nodes)
@@ -128,7 +128,7 @@ def reboot(cfg: LabConfig, nodes: Sequence[str], timeout: float) -> dict[str, La
         try:
             wait_slurmd_ready(cfg, back, left, since=t0)
         except LabError as exc:
-            with kube.http_client(cfg.kubeconfig, pool=1) as http:
+            with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
                 for n in back:
                     if not slurmd_ready(http, n, since=t0):
                         out[n] = exc

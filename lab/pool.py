@@ -160,9 +160,9 @@ class PoolController:
 
             cluster.remove(self.cfg.run_dir, node)  # kubelet, containerd and its pods stop
         if self.cfg.kubeconfig.exists():
-            from lab import kube
+            from lab import controlplane
 
-            kube.delete_node(self.cfg.kubeconfig, node)
+            controlplane.delete_node(self.cfg.kubeconfig, node)
         # the simulator gets the whole fleet in one PUT: a storm's retirements share one, next loop
         self._sim_dirty.set()
         return {"node": node, "changed": True, "state": "retired"}
@@ -257,10 +257,12 @@ class PoolController:
                 self.cfg.run_dir, node, node_labels(pool, True), node_taints(True), pool.gpus_per_node
             )
         elif self.cfg.kubeconfig.exists():
-            from lab import kube
+            from lab import controlplane
 
-            spec = kube.KubeNodeSpec(node, node_labels(pool, True), node_taints(True), pool.gpus_per_node)
-            kube.add_nodes(self.cfg.kubeconfig, [spec], timeout=60)
+            spec = controlplane.KubeNodeSpec(
+                node, node_labels(pool, True), node_taints(True), pool.gpus_per_node
+            )
+            controlplane.add_nodes(self.cfg.kubeconfig, [spec], timeout=60)
         slurm.wait_nodes_registered(self.cfg, [node], timeout=30)
         slurm.run(self.cfg, drain)  # the reason does not survive registration of a FUTURE node
 
@@ -312,10 +314,10 @@ class TokenReviewer:
             hit = self._seen.get(key)
             if hit and time.monotonic() - hit[0] < self.TTL:
                 return hit[1]
-        from lab import kube
+        from lab import controlplane
 
         review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
-        with kube.http_client(self.kubeconfig, pool=1, timeout=10) as http:
+        with controlplane.http_client(self.kubeconfig, pool=1, timeout=10) as http:
             r = http.post("/apis/authentication.k8s.io/v1/tokenreviews", json=review)
         status = r.json().get("status", {}) if r.status_code == 201 else {}
         user = status.get("user", {}).get("username") if status.get("authenticated") else None

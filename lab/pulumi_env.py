@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from lab.kube import tool_bin_dir, tool_path
+from lab.controlplane import tool_bin_dir, tool_path
 
 
 def pulumi_bin() -> Path:

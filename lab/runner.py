@@ -261,9 +261,9 @@ PROXY = "runner-proxy"  # the host's way in to that Service (lab.nodes.apiproxy 
 
 
 def _kube_get(cfg: LabConfig, path: str) -> Any:
-    from lab import kube
+    from lab import controlplane
 
-    with kube.http_client(cfg.kubeconfig, pool=1, timeout=10) as http:
+    with controlplane.http_client(cfg.kubeconfig, pool=1, timeout=10) as http:
         r = http.get(path)
         r.raise_for_status()
         return r.json()

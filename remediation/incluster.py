@@ -1,7 +1,7 @@
 """The runner's Kubernetes identity inside a pod: its ServiceAccount's projected token.
 
 Every Kubernetes reader and writer of the runner takes a kubeconfig path: the policy's reads
-(remediation.kube), the collection's modules and kubernetes.core in the plays (the runbook input
+(remediation.kubeview), the collection's modules and kubernetes.core in the plays (the runbook input
 `autoheal_kubeconfig`; without it the plays skip every Kubernetes step). In a pod none is
 configured, and the runner used to run without Kubernetes at all: no cordon, drain, opt-out or
 per-pool budget, silently. So in a pod the runner writes a kubeconfig of its own that points at

@@ -17,7 +17,7 @@ from remediation.config import RunnerConfig
 from remediation.errors import RemediationError
 from remediation.executor import PLAY_TIERS
 from remediation.journal import IncidentRecord, Journal
-from remediation.kube import NullKube
+from remediation.kubeview import NullKube
 from remediation.metrics import Metrics
 from remediation.notify import Notifier
 from remediation.policy import BREAKER_KEY, PAUSE_KEY, BreakerState, Policy, breaker_state

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from autoheal.xid import Tier, XidCatalog
 from remediation.config import RunnerConfig
 from remediation.journal import IncidentRecord, Journal
-from remediation.kube import KubeView, label_is_set
+from remediation.kubeview import KubeView, label_is_set
 from remediation.states import IN_REMEDIATION
 
 Action = Literal["admit", "quarantine", "hold", "notify", "wait"]
@@ -92,7 +92,7 @@ class Policy:
 
     def _read_round(self, pending: list[IncidentRecord]) -> _Round:
         cfg = self.config
-        # targeted reads: the cost of a round does not grow with the fleet (see remediation/kube.py)
+        # targeted reads: the cost of a round does not grow with the fleet (see remediation/kubeview.py)
         in_use = {i.node for i in self.journal.incidents(IN_REMEDIATION)}
         node_pool = self.kube.pools(cfg.pool_label, {i.node for i in pending})
         return _Round(

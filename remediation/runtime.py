@@ -17,7 +17,7 @@ from remediation.executor import Executor
 from remediation.fencing import JournalFence
 from remediation.incidents import Intake
 from remediation.journal import Journal
-from remediation.kube import KubeView, make_kube
+from remediation.kubeview import KubeView, make_kube
 from remediation.leader import KubeLeaseAPI, LeaseElector, Term, default_identity
 from remediation.metrics import Metrics
 from remediation.notify import Notifier

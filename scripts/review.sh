@@ -17,7 +17,7 @@ LAB_DIR=${LAB_DIR:-$PWD/.lab/default}
 engine_env=$("$VENV/bin/python" - "$LAB_DIR/pulumi" <<'PY'
 import shlex, sys
 from pathlib import Path
-from lab.kube import tool_bin_dir
+from lab.controlplane import tool_bin_dir
 from lab.pulumi_env import pulumi_env
 try:
     env = pulumi_env(Path(sys.argv[1])) if Path(sys.argv[1]).parent.is_dir() else None

@@ -116,6 +116,8 @@ def test_collection_imports_none_of_the_project_packages() -> None:
 def test_collection_scan_sees_a_project_import(tmp_path: Path) -> None:
     """The AST scan is not vacuous: it reports `import`, `from ... import` and lazy imports."""
     sample = tmp_path / "module.py"
-    sample.write_text("import os\nfrom autoheal.names import is_node_name\n\ndef f():\n    import lab.kube\n")
+    sample.write_text(
+        "import os\nfrom autoheal.names import is_node_name\n\ndef f():\n    import lab.controlplane\n"
+    )
     hits = _project_imports(sample, tmp_path)
-    assert [h.rsplit(": ", 1)[1] for h in hits] == ["autoheal.names", "lab.kube"]
+    assert [h.rsplit(": ", 1)[1] for h in hits] == ["autoheal.names", "lab.controlplane"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import kube
+from components import k8sargs
 from components.common import Taint, await_annotations, base_labels, child
 from components.nodepool import PoolPlacement
 from components.slurm.config import SlurmConfig, SlurmConfigArgs, slurm_conf_spec
@@ -93,7 +93,7 @@ class SlurmCluster(pulumi.ComponentResource):
         args.validate(name)
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-ns",
-            metadata=kube.meta(args.namespace, None, base_labels("slurm", "namespace")),
+            metadata=k8sargs.meta(args.namespace, None, base_labels("slurm", "namespace")),
             opts=child(self),
         )
         ns = self.namespace.metadata.name

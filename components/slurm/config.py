@@ -32,7 +32,7 @@ from autoheal.slurmconf import (
     render_pool_gres_conf,
     render_slurm_conf,
 )
-from components import kube
+from components import k8sargs
 from components.common import SubComponent, base_labels, content_hash
 from components.secrets import RandomSecret
 from components.slurm import scripts
@@ -135,7 +135,7 @@ class SlurmConfig(SubComponent):
         }
         config_map = k8s.core.v1.ConfigMap(
             f"{owner}-config",
-            metadata=kube.meta("slurm-config", args.namespace, base_labels("slurm-config", "config")),
+            metadata=k8sargs.meta("slurm-config", args.namespace, base_labels("slurm-config", "config")),
             data=data,
             opts=self.adopt(),
         )
@@ -149,7 +149,7 @@ class SlurmConfig(SubComponent):
         self.munge_key_base64 = munge_bytes.base64
         return k8s.core.v1.Secret(
             f"{owner}-munge-key",
-            metadata=kube.meta("munge-key", namespace, base_labels("munge-key", "munge")),
+            metadata=k8sargs.meta("munge-key", namespace, base_labels("munge-key", "munge")),
             type="Opaque",
             data={"munge.key": munge_bytes.base64},
             opts=self.adopt(),
@@ -159,12 +159,12 @@ class SlurmConfig(SubComponent):
 def _pod_parts(
     config_map: k8s.core.v1.ConfigMap, munge_key: k8s.core.v1.Secret, munge_image: str, data: dict[str, str]
 ) -> SlurmPodParts:
-    munge_mounts = [kube.mount("munge-etc", MUNGE_DIR), kube.mount("munge-socket", MUNGE_SOCKET_DIR)]
+    munge_mounts = [k8sargs.mount("munge-etc", MUNGE_DIR), k8sargs.mount("munge-socket", MUNGE_SOCKET_DIR)]
     init = k8s.core.v1.ContainerArgs(
         name="munge-key",
         image=munge_image,
         command=scripts.script(scripts.munge_init()),
-        volume_mounts=[kube.mount("munge-key", MUNGE_KEY_DIR, read_only=True), *munge_mounts],
+        volume_mounts=[k8sargs.mount("munge-key", MUNGE_KEY_DIR, read_only=True), *munge_mounts],
     )
     # A native sidecar (an init container that keeps running): it starts before the Slurm daemon
     # and stops after it, so slurmd's last `scontrol delete` on SIGTERM can still authenticate.
@@ -182,14 +182,14 @@ def _pod_parts(
     )
     return SlurmPodParts(
         volumes=[
-            kube.config_map_volume(CONFIG_VOLUME, config_map.metadata.name),
-            kube.secret_volume("munge-key", munge_key.metadata.name),
-            kube.empty_dir("munge-etc"),
-            kube.empty_dir("munge-socket"),
+            k8sargs.config_map_volume(CONFIG_VOLUME, config_map.metadata.name),
+            k8sargs.secret_volume("munge-key", munge_key.metadata.name),
+            k8sargs.empty_dir("munge-etc"),
+            k8sargs.empty_dir("munge-socket"),
         ],
         mounts=[
-            kube.mount(CONFIG_VOLUME, CONFIG_DIR, read_only=True),
-            kube.mount("munge-socket", MUNGE_SOCKET_DIR),
+            k8sargs.mount(CONFIG_VOLUME, CONFIG_DIR, read_only=True),
+            k8sargs.mount("munge-socket", MUNGE_SOCKET_DIR),
         ],
         munge_init=init,
         munge=munged,

@@ -16,7 +16,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from autoheal import labels as lb
-from components import kube
+from components import k8sargs
 from components.common import SubComponent, base_labels
 from components.slurm import scripts
 from components.slurm.config import SlurmPodParts
@@ -46,22 +46,22 @@ class SlurmController(SubComponent):
         labels = base_labels("slurmctld", lb.SLURMCTLD_COMPONENT)
         service = k8s.core.v1.Service(
             f"{owner}-slurmctld",
-            metadata=kube.meta("slurmctld", args.namespace, labels, args.annotations),
-            spec=kube.headless_service(labels, "slurmctld", CONTROLLER_PORT),
+            metadata=k8sargs.meta("slurmctld", args.namespace, labels, args.annotations),
+            spec=k8sargs.headless_service(labels, "slurmctld", CONTROLLER_PORT),
             opts=self.adopt(),
         )
         annotations = {lb.STATE_DIR_ANNOTATION: STATE_DIR, **args.annotations}
         k8s.apps.v1.StatefulSet(
             f"{owner}-slurmctld",
-            metadata=kube.meta("slurmctld", args.namespace, labels, annotations),
+            metadata=k8sargs.meta("slurmctld", args.namespace, labels, annotations),
             spec=k8s.apps.v1.StatefulSetSpecArgs(
                 service_name=service.metadata.name,
                 replicas=1,
-                selector=kube.selector(labels),
+                selector=k8sargs.selector(labels),
                 persistent_volume_claim_retention_policy=k8s.apps.v1.StatefulSetPersistentVolumeClaimRetentionPolicyArgs(
                     when_deleted="Retain", when_scaled="Retain"
                 ),
-                template=kube.template(
+                template=k8sargs.template(
                     labels, _pod(args), {lb.CONFIG_HASH_ANNOTATION: args.parts.config_hash}
                 ),
                 volume_claim_templates=[_state_claim(args.storage)],
@@ -74,7 +74,7 @@ class SlurmController(SubComponent):
 def _state_claim(storage: SlurmStorage) -> k8s.core.v1.PersistentVolumeClaimArgs:
     return k8s.core.v1.PersistentVolumeClaimArgs(
         metadata=k8s.meta.v1.ObjectMetaArgs(name="state"),
-        spec=kube.claim_spec("ReadWriteOnce", storage.state_size, storage.state_storage_class),
+        spec=k8sargs.claim_spec("ReadWriteOnce", storage.state_size, storage.state_storage_class),
     )
 
 
@@ -83,7 +83,7 @@ def _pod(args: SlurmControllerArgs) -> k8s.core.v1.PodSpecArgs:
         name="state-owner",
         image=args.image,
         command=scripts.script(scripts.owned_dirs(args.slurm_user, STATE_DIR, RUN_DIR)),
-        volume_mounts=[kube.mount("state", STATE_DIR), kube.mount("run", RUN_DIR)],
+        volume_mounts=[k8sargs.mount("state", STATE_DIR), k8sargs.mount("run", RUN_DIR)],
     )
     slurmctld = k8s.core.v1.ContainerArgs(
         name="slurmctld",
@@ -95,7 +95,7 @@ def _pod(args: SlurmControllerArgs) -> k8s.core.v1.PodSpecArgs:
             f"exec slurmctld -D -f {CONFIG_DIR}/slurm.conf",
         ),
         ports=[k8s.core.v1.ContainerPortArgs(name="slurmctld", container_port=CONTROLLER_PORT)],
-        volume_mounts=[*args.parts.mounts, kube.mount("state", STATE_DIR), kube.mount("run", RUN_DIR)],
+        volume_mounts=[*args.parts.mounts, k8sargs.mount("state", STATE_DIR), k8sargs.mount("run", RUN_DIR)],
         # `scontrol ping`, not a TCP probe: slurmctld logs every connection that sends nothing
         readiness_probe=_ping(period=3, failures=3),
         liveness_probe=_ping(period=20, failures=6),
@@ -105,7 +105,7 @@ def _pod(args: SlurmControllerArgs) -> k8s.core.v1.PodSpecArgs:
         node_selector=args.node_selector or None,
         init_containers=[args.parts.munge_init, dirs, args.parts.munge],
         containers=[slurmctld],
-        volumes=[*args.parts.volumes, kube.empty_dir("run")],
+        volumes=[*args.parts.volumes, k8sargs.empty_dir("run")],
     )
 
 

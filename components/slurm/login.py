@@ -17,7 +17,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from autoheal import labels as lb
-from components import kube
+from components import k8sargs
 from components.common import SubComponent, base_labels, content_hash
 from components.secrets import SshHostKey
 from components.slurm import scripts
@@ -56,14 +56,16 @@ class SlurmLogin(SubComponent):
         host_key = self._host_key(args)
         keys = k8s.core.v1.ConfigMap(
             f"{owner}-login-keys",
-            metadata=kube.meta("slurm-login-keys", args.namespace, base_labels("slurm-login-keys", "login")),
+            metadata=k8sargs.meta(
+                "slurm-login-keys", args.namespace, base_labels("slurm-login-keys", "login")
+            ),
             data={"authorized_keys": "".join(f"{k.strip()}\n" for k in args.authorized_keys)},
             opts=self.adopt(),
         )
         self._deployment(args, host_key.metadata.name, keys.metadata.name)
         self.service = k8s.core.v1.Service(
             f"{owner}-login",
-            metadata=kube.meta("slurm-login", args.namespace, self.labels, args.annotations),
+            metadata=k8sargs.meta("slurm-login", args.namespace, self.labels, args.annotations),
             spec=k8s.core.v1.ServiceSpecArgs(
                 type=args.service_type,
                 selector=self.labels,
@@ -80,7 +82,7 @@ class SlurmLogin(SubComponent):
         self.host_key = key.public_key
         return k8s.core.v1.Secret(
             f"{self.owner}-login-hostkey",
-            metadata=kube.meta(
+            metadata=k8sargs.meta(
                 "slurm-login-hostkey", args.namespace, base_labels("slurm-login-hostkey", "login")
             ),
             type="Opaque",
@@ -99,18 +101,18 @@ class SlurmLogin(SubComponent):
             volumes=[
                 *args.parts.volumes,
                 *args.shared_volumes,
-                kube.secret_volume("host-key", host_key),
-                kube.config_map_volume("authorized-keys", keys, mode=0o444),
+                k8sargs.secret_volume("host-key", host_key),
+                k8sargs.config_map_volume("authorized-keys", keys, mode=0o444),
             ],
         )
         rollout = {lb.CONFIG_HASH_ANNOTATION: content_hash(args.parts.config_data, args.authorized_keys)}
         return k8s.apps.v1.Deployment(
             f"{self.owner}-login",
-            metadata=kube.meta("slurm-login", args.namespace, self.labels, args.annotations),
+            metadata=k8sargs.meta("slurm-login", args.namespace, self.labels, args.annotations),
             spec=k8s.apps.v1.DeploymentSpecArgs(
                 replicas=1,
-                selector=kube.selector(self.labels),
-                template=kube.template(self.labels, pod, rollout),
+                selector=k8sargs.selector(self.labels),
+                template=k8sargs.template(self.labels, pod, rollout),
             ),
             opts=self.adopt(),
         )
@@ -126,16 +128,16 @@ def _sshd(args: SlurmLoginArgs) -> k8s.core.v1.ContainerArgs:
             "install -d -m 0755 /run/sshd",  # sshd's privilege separation directory
             " ".join(_sshd_argv()),
         ),
-        env=[kube.env("SLURM_CONF", f"{CONFIG_DIR}/slurm.conf")],
+        env=[k8sargs.env("SLURM_CONF", f"{CONFIG_DIR}/slurm.conf")],
         ports=[k8s.core.v1.ContainerPortArgs(name="ssh", container_port=SSH_PORT)],
         volume_mounts=[
             *args.parts.mounts,
             *args.shared_mounts,
-            kube.mount("authorized-keys", AUTHORIZED_KEYS_DIR, read_only=True),
-            kube.mount("host-key", HOST_KEY_DIR, read_only=True),
+            k8sargs.mount("authorized-keys", AUTHORIZED_KEYS_DIR, read_only=True),
+            k8sargs.mount("host-key", HOST_KEY_DIR, read_only=True),
         ],
-        readiness_probe=kube.tcp_probe(SSH_PORT, 1, 3),
-        liveness_probe=kube.tcp_probe(SSH_PORT, 30, 20),
+        readiness_probe=k8sargs.tcp_probe(SSH_PORT, 1, 3),
+        liveness_probe=k8sargs.tcp_probe(SSH_PORT, 30, 20),
     )
 
 

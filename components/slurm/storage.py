@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import kube
+from components import k8sargs
 from components.common import SubComponent, base_labels
 
 
@@ -95,17 +95,17 @@ class SlurmSharedStorage(SubComponent):
         for claim, volume, path, size in SHARED_VOLUMES:
             pvc = k8s.core.v1.PersistentVolumeClaim(
                 f"{owner}-{claim}",
-                metadata=kube.meta(claim, namespace, base_labels(claim, "shared-storage"), annotations),
-                spec=kube.claim_spec(
+                metadata=k8sargs.meta(claim, namespace, base_labels(claim, "shared-storage"), annotations),
+                spec=k8sargs.claim_spec(
                     storage.shared_access_mode, getattr(storage, size), storage.shared_storage_class
                 ),
                 opts=self.adopt(),
             )
             claims[volume] = pvc.metadata.name
-            self.volumes.append(kube.pvc_volume(volume, pvc.metadata.name))
-            self.mounts.append(kube.mount(volume, path))
+            self.volumes.append(k8sargs.pvc_volume(volume, pvc.metadata.name))
+            self.mounts.append(k8sargs.mount(volume, path))
         for sw in software:
             sw.validate()
             self.volumes.append(sw.volume())
-            self.mounts.append(kube.mount(sw.name, sw.mount_path, read_only=True))
+            self.mounts.append(k8sargs.mount(sw.name, sw.mount_path, read_only=True))
         self.register_outputs({"claims": claims, "software": [sw.mount_path for sw in software]})

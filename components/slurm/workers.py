@@ -39,7 +39,7 @@ import pulumi_kubernetes as k8s
 
 from autoheal import labels as lb
 from autoheal.slurmconf import dynamic_node_conf
-from components import kube
+from components import k8sargs
 from components.common import SubComponent, base_labels, child
 from components.nodepool import PoolPlacement
 from components.slurm import scripts
@@ -73,11 +73,11 @@ class SlurmWorkers(SubComponent):
         labels = {**base_labels(f"slurmd-{pool}", "slurmd"), lb.POOL_LABEL: pool}
         self.daemon_set = k8s.apps.v1.DaemonSet(
             f"{owner}-slurmd-{pool}",
-            metadata=kube.meta(f"slurmd-{pool}", args.namespace, labels, _await(args)),
+            metadata=k8sargs.meta(f"slurmd-{pool}", args.namespace, labels, _await(args)),
             spec=k8s.apps.v1.DaemonSetSpecArgs(
-                selector=kube.selector(labels),
+                selector=k8sargs.selector(labels),
                 update_strategy=k8s.apps.v1.DaemonSetUpdateStrategyArgs(type="OnDelete"),
-                template=kube.template(labels, _pod(args)),
+                template=k8sargs.template(labels, _pod(args)),
             ),
             opts=self.adopt(),
         )
@@ -91,8 +91,8 @@ def _pod(args: SlurmWorkersArgs) -> k8s.core.v1.PodSpecArgs:
         # slurmd gets the job's grace period (KillWait) and some time to report back.
         termination_grace_period_seconds=args.grace_seconds + 30,
         service_account_name=args.service_account,
-        affinity=kube.required_node_affinity(
-            [kube.node_has(k, v) for k, v in sorted(placement.selector.items())]
+        affinity=k8sargs.required_node_affinity(
+            [k8sargs.node_has(k, v) for k, v in sorted(placement.selector.items())]
         ),
         tolerations=placement.tolerations(),
         init_containers=[parts.munge_init, parts.munge],
@@ -101,7 +101,7 @@ def _pod(args: SlurmWorkersArgs) -> k8s.core.v1.PodSpecArgs:
             parts.pool_config_volume(placement.pool.name),
             *[v for v in parts.volumes if v.name != CONFIG_VOLUME],
             *args.shared_volumes,
-            kube.empty_dir("spool"),
+            k8sargs.empty_dir("spool"),
         ],
     )
 
@@ -156,14 +156,14 @@ def _slurmd(args: SlurmWorkersArgs) -> k8s.core.v1.ContainerArgs:
             _RUN_SLURMD.format(conf=f"{CONFIG_DIR}/slurm.conf", reason=lb.SPARE_REASON),
         ),
         env=[
-            kube.field_env("NODE_NAME", "spec.nodeName"),
-            kube.env("NODE_CONF", dynamic_node_conf(args.placement.pool)),
+            k8sargs.field_env("NODE_NAME", "spec.nodeName"),
+            k8sargs.env("NODE_CONF", dynamic_node_conf(args.placement.pool)),
         ],
         ports=[k8s.core.v1.ContainerPortArgs(name="slurmd", container_port=SLURMD_PORT)],
         resources=k8s.core.v1.ResourceRequirementsArgs(
             requests={lb.GPU_RESOURCE: gpus}, limits={lb.GPU_RESOURCE: gpus}
         ),
-        volume_mounts=[*args.parts.mounts, *args.shared_mounts, kube.mount("spool", SPOOL_DIR)],
+        volume_mounts=[*args.parts.mounts, *args.shared_mounts, k8sargs.mount("spool", SPOOL_DIR)],
         # no TCP liveness probe (slurmd logs each empty connection): the container ends with slurmd
         readiness_probe=known,
         # a read-write cgroup mount, for the jobs' cgroups (the module's docstring)
@@ -180,11 +180,11 @@ def slurmd_identity(parent: pulumi.Resource, owner: str, namespace: pulumi.Input
     namespace) and nothing more; returns its name."""
     labels = base_labels("slurmd", "slurmd")
     sa = k8s.core.v1.ServiceAccount(
-        f"{owner}-slurmd-sa", metadata=kube.meta("slurmd", namespace, labels), opts=child(parent)
+        f"{owner}-slurmd-sa", metadata=k8sargs.meta("slurmd", namespace, labels), opts=child(parent)
     )
     role = k8s.rbac.v1.ClusterRole(
         f"{owner}-slurmd-role",
-        metadata=kube.meta("autoheal-slurmd", None, labels),
+        metadata=k8sargs.meta("autoheal-slurmd", None, labels),
         rules=[
             k8s.rbac.v1.PolicyRuleArgs(api_groups=list(g), resources=list(r), verbs=list(v))
             for g, r, v in SLURMD_NODE_RULES
@@ -193,7 +193,7 @@ def slurmd_identity(parent: pulumi.Resource, owner: str, namespace: pulumi.Input
     )
     k8s.rbac.v1.ClusterRoleBinding(
         f"{owner}-slurmd-binding",
-        metadata=kube.meta("autoheal-slurmd", None, labels),
+        metadata=k8sargs.meta("autoheal-slurmd", None, labels),
         role_ref=k8s.rbac.v1.RoleRefArgs(
             api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role.metadata.name
         ),

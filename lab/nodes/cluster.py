@@ -21,7 +21,7 @@ from typing import Any
 
 from autoheal.errors import LabError
 from images.build import BuiltImage, build
-from lab import kube, procs
+from lab import controlplane, procs
 from lab.nodes import cgroups, files, net, node
 from lab.nodes.node import LabContext, NodeSpec
 
@@ -98,7 +98,7 @@ def check_tools() -> None:
         "coredns",
         "autoheal-gpu-device-plugin",
     ):
-        kube.tool_path(tool)
+        controlplane.tool_path(tool)
     for cmd in ("ip", "nsenter", "unshare", "iptables", "mount", "tar"):
         if shutil.which(cmd) is None:
             raise LabError(f"real nodes: `{cmd}` is not installed; run scripts/bootstrap.sh")
@@ -199,7 +199,7 @@ def start_provisioner(ctx: LabContext) -> None:
     proc = procs.spawn("provisioner", [*argv, f"--root={volumes_dir(ctx.run_dir)}"], ctx.run_dir)
 
     def ready() -> bool:
-        with kube.http_client(kubeconfig, pool=1) as http:
+        with controlplane.http_client(kubeconfig, pool=1) as http:
             return http.get(f"/apis/storage.k8s.io/v1/storageclasses/{STORAGE_CLASS}").status_code == 200
 
     procs.wait_until(ready, 30, "provisioner", proc)
@@ -211,7 +211,9 @@ def start_dns(ctx: LabContext) -> None:
     corefile.write_text(
         files.corefile(ctx.net.gateway, ctx.run_dir / "kubeconfig", DNS_HEALTH_PORT, DNS_READY_PORT)
     )
-    proc = procs.spawn("coredns", [str(kube.tool_path("coredns")), "-conf", str(corefile)], ctx.run_dir)
+    proc = procs.spawn(
+        "coredns", [str(controlplane.tool_path("coredns")), "-conf", str(corefile)], ctx.run_dir
+    )
     import httpx
 
     procs.wait_until(
@@ -248,7 +250,7 @@ def start_dns(ctx: LabContext) -> None:
             {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
         ],
     }
-    with kube.http_client(ctx.run_dir / "kubeconfig", pool=1) as http:
+    with controlplane.http_client(ctx.run_dir / "kubeconfig", pool=1) as http:
         for path, obj in (
             ("/api/v1/namespaces/kube-system/services", service),
             ("/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices", slice_),

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 CLUSTER_DOMAIN = "cluster.local"
-DNS_SERVICE_IP = "10.96.0.10"  # in the control plane's service range (lab/kube.py SERVICE_CIDR)
+DNS_SERVICE_IP = "10.96.0.10"  # in the control plane's service range (lab/controlplane.py SERVICE_CIDR)
 KUBELET_PORT = 10250
 CONTAINERD_DIR = "containerd"  # in a node's folder: containerd's image store and state
 # every node sees the whole host's disk: its kubelet evicts (and taints disk-pressure) below this

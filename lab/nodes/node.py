@@ -20,7 +20,7 @@ from pathlib import Path
 
 from autoheal.errors import LabError
 from images.build import BuiltImage
-from lab import kube, procs
+from lab import controlplane, procs
 from lab.nodes import cgroups, files, net, pki
 from lab.nodes.files import NodePaths
 
@@ -89,7 +89,7 @@ def proc_name(node: str, service: str) -> str:
 
 def _tool_dir(name: str) -> Path:
     """The directory of a built tool (resolved: the CNI plugins must be alone in their dir)."""
-    return kube.tool_path(name).resolve().parent
+    return controlplane.tool_path(name).resolve().parent
 
 
 def _spawn(ctx: LabContext, spec: NodeSpec, service: str, argv: Sequence[str], ns_pid: int) -> procs.Proc:
@@ -193,7 +193,7 @@ def _gpu_devices(paths: NodePaths, gpus: int) -> None:
 
 def ctr(ctx: LabContext, spec: NodeSpec, args: Sequence[str], timeout: float = 120, **kw: object) -> str:
     argv = [
-        str(kube.tool_path("ctr")),
+        str(controlplane.tool_path("ctr")),
         "--address",
         str(ctx.paths(spec).containerd_sock),
         "-n",
@@ -215,7 +215,16 @@ def import_image(ctx: LabContext, spec: NodeSpec, img: BuiltImage) -> None:
     )
     try:
         res = subprocess.run(
-            [str(kube.tool_path("ctr")), "--address", str(sock), "-n", "k8s.io", "images", "import", "-"],
+            [
+                str(controlplane.tool_path("ctr")),
+                "--address",
+                str(sock),
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+                "-",
+            ],
             stdin=tar.stdout,
             capture_output=True,
             text=True,
@@ -253,7 +262,7 @@ def start(ctx: LabContext, spec: NodeSpec, timeout: float = 180, progress: Progr
             ctx,
             spec,
             "containerd",
-            [str(kube.tool_path("containerd")), "--config", str(paths.etc / "containerd.toml")],
+            [str(controlplane.tool_path("containerd")), "--config", str(paths.etc / "containerd.toml")],
             holder.pid,
         )
         procs.wait_until(
@@ -268,7 +277,7 @@ def start(ctx: LabContext, spec: NodeSpec, timeout: float = 180, progress: Progr
             ctx,
             spec,
             "kube-proxy",
-            [str(kube.tool_path("kube-proxy")), f"--config={paths.etc / 'kube-proxy.yaml'}", "--v=1"],
+            [str(controlplane.tool_path("kube-proxy")), f"--config={paths.etc / 'kube-proxy.yaml'}", "--v=1"],
             holder.pid,
         )
         if spec.gpus:  # a node without GPUs (a pods lab's system node) runs no device plugin
@@ -277,7 +286,7 @@ def start(ctx: LabContext, spec: NodeSpec, timeout: float = 180, progress: Progr
                 spec,
                 "gpu-plugin",
                 [
-                    str(kube.tool_path("autoheal-gpu-device-plugin")),
+                    str(controlplane.tool_path("autoheal-gpu-device-plugin")),
                     f"--node={spec.name}",
                     f"--gpus={spec.gpus}",
                     f"--dev-dir={paths.gpu_dev_dir}",
@@ -294,7 +303,7 @@ def start(ctx: LabContext, spec: NodeSpec, timeout: float = 180, progress: Progr
 def _kubelet_argv(spec: NodeSpec, paths: NodePaths, node_ip: str) -> list[str]:
     labels = ",".join(f"{k}={v}" for k, v in sorted(spec.labels.items()))
     return [
-        str(kube.tool_path("kubelet")),
+        str(controlplane.tool_path("kubelet")),
         f"--config={paths.etc / 'kubelet.yaml'}",
         f"--kubeconfig={paths.etc / 'kubelet.kubeconfig'}",
         f"--root-dir={paths.kubelet_root}",
@@ -317,7 +326,7 @@ def _write_configs(ctx: LabContext, spec: NodeSpec, paths: NodePaths) -> None:
     pki.kubeconfig(paths.etc / "kube-proxy.kubeconfig", ctx.pki, ctx.server, "system:kube-proxy", crt, key)
     (paths.etc / "containerd.toml").write_text(
         files.containerd_config(
-            paths, _tool_dir("bridge"), kube.tool_path("runc").resolve(), ctx.sandbox_ref()
+            paths, _tool_dir("bridge"), controlplane.tool_path("runc").resolve(), ctx.sandbox_ref()
         )
     )
     (paths.cni_conf_dir / "10-autoheal.conflist").write_text(
@@ -338,7 +347,7 @@ def wait_ready(ctx: LabContext, spec: NodeSpec, timeout: float, kubelet: procs.P
     log = procs.log_path(ctx.run_dir, proc_name(spec.name, "kubelet"))
 
     def ready() -> bool:
-        with kube.http_client(kubeconfig, pool=1, timeout=5) as http:
+        with controlplane.http_client(kubeconfig, pool=1, timeout=5) as http:
             r = http.get(f"/api/v1/nodes/{spec.name}")
             if r.status_code != 200:
                 return False

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from lab import kube
+from lab import controlplane
 
 LOG_LINES = 5
 
@@ -73,14 +73,14 @@ def _describe(http: httpx.Client, pod: dict[str, Any]) -> list[str]:
 
 def describe(kubeconfig: Path, pod: dict[str, Any]) -> str:
     """Why one pod is not Ready: its unready containers' states and last log lines."""
-    with kube.http_client(kubeconfig, pool=1) as http:
+    with controlplane.http_client(kubeconfig, pool=1) as http:
         return "\n".join(_describe(http, pod))
 
 
 def report(kubeconfig: Path, namespaces: list[str] | None = None) -> str:
     """One block per unready container of every pod not Ready (in `namespaces`, or all)."""
     lines: list[str] = []
-    with kube.http_client(kubeconfig, pool=1) as http:
+    with controlplane.http_client(kubeconfig, pool=1) as http:
         pods = http.get("/api/v1/pods").json().get("items", [])
         for pod in pods:
             meta = pod["metadata"]

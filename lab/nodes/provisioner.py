@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from lab import kube
+from lab import controlplane
 
 PROVISIONER = "autoheal.io/lab-hostpath"
 STORAGE_CLASS = "lab-hostpath"
@@ -125,7 +125,7 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=1.0)
     args = ap.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
-    with kube.http_client(args.kubeconfig, pool=2) as http:
+    with controlplane.http_client(args.kubeconfig, pool=2) as http:
         ensure_storage_class(http)
         print(
             f"provisioner {PROVISIONER}: StorageClass {STORAGE_CLASS} (default), volumes in {args.root}",

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lab import kube
+from lab import controlplane
 from lab.pulumi_env import pulumi_bin, pulumi_env
 from tests.components.harness import ROOT
 from tests.support import port_base
@@ -40,9 +40,9 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     run_dir = tmp_path_factory.mktemp("kube-policy")
     try:
         # No nodes: the lab stack does not wait for rollouts, and a preview creates nothing.
-        yield kube.start_control_plane(run_dir, [], PORT_BASE, timeout=120).kubeconfig
+        yield controlplane.start_control_plane(run_dir, [], PORT_BASE, timeout=120).kubeconfig
     finally:
-        kube.stop_control_plane(run_dir)
+        controlplane.stop_control_plane(run_dir)
 
 
 def _lab_config(kubeconfig: Path) -> dict[str, Any]:

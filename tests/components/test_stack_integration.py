@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lab import kube
+from lab import controlplane
 from lab.pulumi_env import pulumi_bin, pulumi_env
 from tests.components.harness import ROOT
 from tests.support import port_base
@@ -37,27 +37,27 @@ SPARE_TAINT = {"key": "autoheal.io/spare", "value": "true", "effect": "NoSchedul
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
-def _node(name: str, pool: str = "h100", spare: bool = False) -> kube.KubeNodeSpec:
+def _node(name: str, pool: str = "h100", spare: bool = False) -> controlplane.KubeNodeSpec:
     labels = {"autoheal.io/pool": pool, "autoheal.io/gpu-model": pool}
     if spare:
         labels["autoheal.io/spare"] = "true"
     taints = [dict(GPU_TAINT), dict(SPARE_TAINT)] if spare else [dict(GPU_TAINT)]
-    return kube.KubeNodeSpec(name=name, labels=labels, taints=taints)
+    return controlplane.KubeNodeSpec(name=name, labels=labels, taints=taints)
 
 
 @pytest.fixture(scope="module")
-def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kube.KubeHandle]:
+def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.KubeHandle]:
     run_dir = tmp_path_factory.mktemp("kube-stack")
     nodes = [_node(f"gpu-{i}") for i in range(1, 5)] + [_node(f"gpu-{i}", spare=True) for i in (5, 6)]
     try:
-        yield kube.start_control_plane(run_dir, nodes, PORT_BASE, timeout=240)
+        yield controlplane.start_control_plane(run_dir, nodes, PORT_BASE, timeout=240)
     finally:
-        kube.stop_control_plane(run_dir)
+        controlplane.stop_control_plane(run_dir)
 
 
 @pytest.fixture(scope="module")
-def api(cp: kube.KubeHandle) -> Iterator[Any]:
-    client = kube.api_client(cp.kubeconfig)
+def api(cp: controlplane.KubeHandle) -> Iterator[Any]:
+    client = controlplane.api_client(cp.kubeconfig)
     yield client
     client.close()
 
@@ -76,7 +76,7 @@ def _stack_config(kubeconfig: Path, extra_pools: list[dict[str, Any]] | None = N
 
 
 @pytest.fixture(scope="module")
-def project(cp: kube.KubeHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def project(cp: controlplane.KubeHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the project (Pulumi.yaml, __main__.py) outside the work tree, so the test's stack
     file and state never touch the repository; the virtualenv is the project's."""
     proj = tmp_path_factory.mktemp("project")
@@ -189,14 +189,16 @@ def test_policy_rules_accept_the_previewed_stack(pulumi: Run) -> None:
     assert preview_check.violations(resources) == []
 
 
-def test_replacing_a_node_at_runtime_leaves_nothing_to_change(cp: kube.KubeHandle, pulumi: Run) -> None:
-    kube.delete_node(cp, "gpu-3")  # the runbook retired it
-    kube.add_nodes(cp, [_node("gpu-7", spare=True)], timeout=60)  # the pool controller backfilled
+def test_replacing_a_node_at_runtime_leaves_nothing_to_change(
+    cp: controlplane.KubeHandle, pulumi: Run
+) -> None:
+    controlplane.delete_node(cp, "gpu-3")  # the runbook retired it
+    controlplane.add_nodes(cp, [_node("gpu-7", spare=True)], timeout=60)  # the pool controller backfilled
     pulumi("preview", "--expect-no-changes")
 
 
 def test_adding_a_pool_adds_exactly_that_pools_resources(
-    project: Path, cp: kube.KubeHandle, pulumi: Run
+    project: Path, cp: controlplane.KubeHandle, pulumi: Run
 ) -> None:
     stack_file = project / f"Pulumi.{STACK}.yaml"
     doc = yaml.safe_load(stack_file.read_text())
@@ -222,7 +224,7 @@ def test_adding_a_pool_adds_exactly_that_pools_resources(
     }
     assert ("update", "kubernetes:core/v1:ConfigMap", "slurm-config") in others
     pulumi("up", "--yes", "--skip-preview")
-    conf = _core(kube.api_client(cp.kubeconfig)).read_namespaced_config_map("slurm-config", "slurm")
+    conf = _core(controlplane.api_client(cp.kubeconfig)).read_namespaced_config_map("slurm-config", "slurm")
     assert "PartitionName=a100 Nodes=ns_a100 " in conf.data["slurm.conf"]
 
 

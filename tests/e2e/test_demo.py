@@ -41,9 +41,9 @@ class NodeWatch(threading.Thread):
         self.errors: list[str] = []
 
     def run(self) -> None:
-        from lab import kube
+        from lab import controlplane
 
-        with kube.http_client(self.cfg.kubeconfig, pool=2, timeout=5) as http:
+        with controlplane.http_client(self.cfg.kubeconfig, pool=2, timeout=5) as http:
             while not self.stop_event.is_set():
                 try:
                     for n in http.get("/api/v1/nodes").json()["items"]:

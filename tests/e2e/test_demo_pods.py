@@ -26,7 +26,7 @@ import pytest
 from rich.console import Console
 
 from autoheal.labels import SPARE_REASON
-from lab import demo, kube, runner, stack
+from lab import controlplane, demo, runner, stack
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
 from lab.login import Login
@@ -120,7 +120,7 @@ def test_pods_demo_the_in_cluster_runner_heals_an_xid_79(tmp_path: Path) -> None
 
         new = wait_for(joined, 240, "the retired node to leave Slurm and a new spare to join")
         print(f"[pods demo] {node} retired; {new} joined Slurm as a drained hot spare")
-        with kube.http_client(cfg.kubeconfig, pool=1) as http:
+        with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
             names = {n["metadata"]["name"] for n in http.get("/api/v1/nodes").json()["items"]}
         assert node not in names and new in names
 
@@ -128,7 +128,7 @@ def test_pods_demo_the_in_cluster_runner_heals_an_xid_79(tmp_path: Path) -> None
         # ServiceAccount (the lab's admin made none to nodes or evictions)
         writes = [
             e
-            for e in kube.audit_log(cfg.run_dir)
+            for e in controlplane.audit_log(cfg.run_dir)
             if e.get("verb") in ("patch", "create")
             and e.get("objectRef", {}).get("resource") in ("nodes", "pods")
             and e.get("objectRef", {}).get("name") == node

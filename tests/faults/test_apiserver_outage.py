@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from lab import kube, procs
+from lab import controlplane, procs
 from tests.runbook.conftest import run_module
 from tests.support import pinned_deployment, port_base, wait_for
 
@@ -28,21 +28,24 @@ NS = "default"
 
 
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kube.KubeHandle]:
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.KubeHandle]:
     if not (Path.home() / ".cache/autoheal/bin/kube-apiserver").exists():
         pytest.skip("the Kubernetes control plane is not built (scripts/build-tools.sh)")
     run_dir = tmp_path_factory.mktemp("apiserver-outage")
     try:
-        yield kube.start_control_plane(
-            run_dir, [kube.KubeNodeSpec("gpu-a"), kube.KubeNodeSpec("gpu-b")], PORT_BASE, timeout=120
+        yield controlplane.start_control_plane(
+            run_dir,
+            [controlplane.KubeNodeSpec("gpu-a"), controlplane.KubeNodeSpec("gpu-b")],
+            PORT_BASE,
+            timeout=120,
         )
     finally:
-        kube.stop_control_plane(run_dir)
+        controlplane.stop_control_plane(run_dir)
 
 
 @pytest.fixture
-def api(plane: kube.KubeHandle) -> Iterator[httpx.Client]:
-    with kube.http_client(plane.kubeconfig) as http:
+def api(plane: controlplane.KubeHandle) -> Iterator[httpx.Client]:
+    with controlplane.http_client(plane.kubeconfig) as http:
         yield http
 
 
@@ -73,13 +76,13 @@ def _refused_evictions(run_dir: Path) -> int:
     """Evictions the API server answered 429 (a PodDisruptionBudget said not now)."""
     return sum(
         1
-        for e in kube.audit_log(run_dir)
+        for e in controlplane.audit_log(run_dir)
         if (e.get("objectRef") or {}).get("subresource") == "eviction"
         and (e.get("responseStatus") or {}).get("code") == 429
     )
 
 
-def _evict(plane: kube.KubeHandle, node: str, **extra: Any) -> dict[str, Any]:
+def _evict(plane: controlplane.KubeHandle, node: str, **extra: Any) -> dict[str, Any]:
     args = {"nodes": [node], "kubeconfig": str(plane.kubeconfig), "grace_period": 0, "poll": 0.5, **extra}
     return run_module("k8s_evict", args)
 
@@ -125,7 +128,7 @@ def test_the_api_server_restarted_during_a_drain_the_drain_waits_and_completes(p
         )
 
         t0 = time.monotonic()
-        kube.restart_service(plane, "kube-apiserver", down_for=8.0)
+        controlplane.restart_service(plane, "kube-apiserver", down_for=8.0)
         down = time.monotonic() - t0
         assert drain.is_alive(), f"the drain ended while the API server was away: {result}"
         api.delete(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/trainer").raise_for_status()
@@ -157,7 +160,7 @@ def test_the_api_server_away_longer_than_api_wait_fails_the_step_and_the_node_st
             res = _evict(plane, "gpu-b", timeout=30, api_wait=3)
         finally:
             took = time.monotonic() - t0
-            kube.restart_service(plane, "kube-apiserver")
+            controlplane.restart_service(plane, "kube-apiserver")
         assert res["failed"], res
         assert "api_wait=3s" in res["msg"] and "raise api_wait" in res["msg"], res["msg"]
         # it tried again (0.5 s, then 1 s later) and gave up when the next pause (2 s) would pass

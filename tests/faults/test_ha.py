@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from autoheal.errors import LabError
-from lab import kube
+from lab import controlplane
 from lab.postgres import server_bin, throwaway_server
 from remediation.errors import KubeError
 from remediation.executor import stop_play
@@ -45,13 +45,13 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         pytest.skip("the Kubernetes control plane is not built (scripts/build-tools.sh)")
     run_dir = tmp_path_factory.mktemp("leader")
     try:
-        handle = kube.start_control_plane(run_dir, [], PORT_BASE, timeout=120)
-        with kube.http_client(handle.kubeconfig) as http:
+        handle = controlplane.start_control_plane(run_dir, [], PORT_BASE, timeout=120)
+        with controlplane.http_client(handle.kubeconfig) as http:
             ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
             http.post("/api/v1/namespaces", json=ns).raise_for_status()
         yield handle.kubeconfig
     finally:
-        kube.stop_control_plane(run_dir)
+        controlplane.stop_control_plane(run_dir)
 
 
 class Cuttable:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from lab import kube
+from lab import controlplane
 from lab.pulumi_env import pulumi_bin, pulumi_env
 from tests.support import port_base
 
@@ -47,16 +47,16 @@ PROGRAM = textwrap.dedent(
 def cp(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("kube-pulumi")
     try:
-        yield kube.start_control_plane(run_dir, [], PORT_BASE, timeout=180)
+        yield controlplane.start_control_plane(run_dir, [], PORT_BASE, timeout=180)
     finally:
-        kube.stop_control_plane(run_dir)
+        controlplane.stop_control_plane(run_dir)
 
 
 @pytest.fixture(scope="module")
 def core(cp):
     from kubernetes.client import CoreV1Api
 
-    client = kube.api_client(cp.kubeconfig)
+    client = controlplane.api_client(cp.kubeconfig)
     yield CoreV1Api(client)
     client.close()
 

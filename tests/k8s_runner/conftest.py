@@ -95,10 +95,10 @@ class Identity:
 
 def mint_token(lab: Lab, namespace: str, account: str, seconds: int = 3600) -> str:
     """A token for the account through the TokenRequest API (as the kubelet gets a pod's)."""
-    from lab import kube
+    from lab import controlplane
 
     assert lab.kubeconfig is not None
-    with kube.http_client(lab.kubeconfig) as http:
+    with controlplane.http_client(lab.kubeconfig) as http:
         r = http.post(
             f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
             json={

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from lab import kube
-from remediation.kube import RealKube
+from lab import controlplane
+from remediation.kubeview import RealKube
 from tests.k8s_runner.conftest import RUNNER_NS, RUNNER_SA, Identity
 from tests.runbook.conftest import Lab, run_playbook
 from tests.runbook.test_playbooks import deployment_on, fault_vars, quarantine_taint
@@ -30,7 +30,7 @@ def _writes_by(lab: Lab, resource: str, verb: str, name: str | None = None) -> s
     """Users who did `verb` on `resource` (subresource as "pods/eviction"), per the audit log,
     leaving out the control plane's own controllers."""
     users = set()
-    for ev in kube.audit_log(lab.run_dir):
+    for ev in controlplane.audit_log(lab.run_dir):
         ref = ev.get("objectRef") or {}
         res = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
         if str(ev.get("userAgent", "")).startswith(_CONTROL_PLANE_AGENTS):

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from components.common import Taint
-from lab import kube
+from lab import controlplane
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
 from lab.nodes import cluster
@@ -168,7 +168,7 @@ def pod_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabConfig]:
 
 
 def _kubectl(cfg: LabConfig, *argv: str, stdin: str | None = None, check: bool = True) -> str:
-    exe = str(kube.tool_bin_dir() / "kubectl")
+    exe = str(controlplane.tool_bin_dir() / "kubectl")
     res = subprocess.run(
         [exe, f"--kubeconfig={cfg.kubeconfig}", *argv],
         input=stdin,
@@ -206,7 +206,7 @@ def test_the_runner_pod_runs_on_a_real_node_and_is_ready_only_when_it_reaches_bo
     cfg = pod_lab
     images = {i.name: i.ref for i in cluster.context(cfg.run_dir).images}
     _apply(cfg, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}])
-    kube.wait_service_account(cfg.kubeconfig, NS, "default", 60)
+    controlplane.wait_service_account(cfg.kubeconfig, NS, "default", 60)
     _apply(cfg, [_journal_volume(tmp_path)])
     t0 = time.monotonic()
     _apply(cfg, _runner_objects(images["runner"]))

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from lab import kube, stack
+from lab import controlplane, stack
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
 from lab.login import Login
@@ -43,7 +43,7 @@ srun bash step-$SLURM_JOB_ID.sh
 
 
 def _get(cfg: LabConfig, path: str) -> Any:
-    with kube.http_client(cfg.kubeconfig, pool=1) as http:
+    with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
         r = http.get(path)
         r.raise_for_status()
         return r.json()
@@ -136,7 +136,7 @@ def test_pulumi_up_on_real_nodes_then_sbatch_over_ssh_runs_in_the_slurmd_pods(tm
         assert lines == sorted([f"{slurmd[n]} {n} 0 nvidia0 4" for n in ("gpu-1", "gpu-2")]), lines
 
         # a slurmd pod that stops takes its node out of Slurm; its successor joins by itself
-        with kube.http_client(cfg.kubeconfig, pool=1) as http:
+        with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
             r = http.delete(f"/api/v1/namespaces/{NS}/pods/{slurmd['gpu-1']}")
             assert r.status_code == 200, r.text
         wait_for(lambda: "gpu-1" not in login.run("sinfo -h -N -o %N"), 60, "gpu-1 to leave Slurm")
@@ -168,7 +168,7 @@ def test_pulumi_up_on_real_nodes_then_sbatch_over_ssh_runs_in_the_slurmd_pods(tm
         try:
             text = wait_for(crash_report, 90, "the crash report")
         except AssertionError as exc:
-            with kube.http_client(cfg.kubeconfig, pool=1) as http:
+            with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
                 pod = http.get("/api/v1/namespaces/default/pods/a-crash").json()
             raise AssertionError(f"{exc}; last report: {last[0]!r}; the pod: {pod.get('status')}") from exc
         assert "pod default/a-crash container c: " in text and "exit" in text, text
@@ -199,6 +199,6 @@ def _crashing_pod(cfg: LabConfig, image: str) -> None:
             ],
         },
     }
-    with kube.http_client(cfg.kubeconfig, pool=1) as http:
+    with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
         r = http.post("/api/v1/namespaces/default/pods", json=pod)
         assert r.status_code == 201, r.text

@@ -56,9 +56,9 @@ def _leaders(cfg: LabConfig) -> dict[str, bool | None]:
 
 
 def _lease(cfg: LabConfig) -> dict:
-    from lab import kube
+    from lab import controlplane
 
-    with kube.http_client(cfg.kubeconfig) as http:
+    with controlplane.http_client(cfg.kubeconfig) as http:
         r = http.get(
             f"/apis/coordination.k8s.io/v1/namespaces/{runner.LEASE_NAMESPACE}/leases/{runner.LEASE_NAME}"
         )

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from autoheal.errors import LabError
-from lab import kube
+from lab import controlplane
 from lab.nodes import cluster, node
 from tests.support import port_base, wait_for
 
@@ -37,8 +37,8 @@ def require_real_nodes() -> None:
     try:
         cluster.check_tools()
         for tool in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
-            kube.tool_path(tool)
-    except (LabError, kube.ToolMissingError) as exc:
+            controlplane.tool_path(tool)
+    except (LabError, controlplane.ToolMissingError) as exc:
         pytest.skip(f"REAL NODES NOT TESTED: {exc}")
     if shutil.which("mmdebstrap") is None:
         pytest.skip("REAL NODES NOT TESTED: mmdebstrap is not installed (scripts/bootstrap.sh installs it)")
@@ -51,7 +51,7 @@ class Cluster:
         self.run_dir = run_dir
         self.ctx = ctx
         self.kubeconfig = run_dir / "kubeconfig"
-        self.http = kube.http_client(self.kubeconfig, pool=4)
+        self.http = controlplane.http_client(self.kubeconfig, pool=4)
 
     def image(self, name: str) -> str:
         return next(i.ref for i in self.ctx.images if i.name == name)
@@ -142,7 +142,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         t0 = time.monotonic()
         lab_net = cluster.prepare(run_dir)
-        kube.start_control_plane(
+        controlplane.start_control_plane(
             run_dir,
             [],
             PORT_BASE,
@@ -152,7 +152,11 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         )
         specs = [(f"rn-{i}", {"autoheal.io/pool": "h100"}, TAINT, GPUS) for i in (1, 2)]
         ctx = cluster.start(
-            run_dir, sock_dir, kube.Ports.from_base(PORT_BASE).apiserver, specs, run_dir / "simulator.json"
+            run_dir,
+            sock_dir,
+            controlplane.Ports.from_base(PORT_BASE).apiserver,
+            specs,
+            run_dir / "simulator.json",
         )
         print(f"\n[real nodes] control plane + 2 real nodes up in {time.monotonic() - t0:.1f}s")
         c = Cluster(run_dir, ctx)
@@ -160,5 +164,5 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c.http.close()
     finally:
         cluster.teardown(run_dir)
-        kube.stop_control_plane(run_dir)
+        controlplane.stop_control_plane(run_dir)
         shutil.rmtree(sock_dir, ignore_errors=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import kube, pool, procs
+from lab import controlplane, pool, procs
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
 from lab.nodes import cgroups, cluster, net
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(1200)
 
 
 def _nodes(cfg: LabConfig) -> dict[str, dict]:
-    with kube.http_client(cfg.kubeconfig, pool=1) as http:
+    with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
         return {n["metadata"]["name"]: n for n in http.get("/api/v1/nodes").json()["items"]}
 
 

@@ -18,7 +18,7 @@ from lab.postgres import PostgresServer, server_bin, throwaway_server
 from remediation.app import Runtime
 from remediation.config import RunnerConfig
 from remediation.journal import Journal
-from remediation.kube import FakeKube
+from remediation.kubeview import FakeKube
 from remediation.runtime import build
 from tests.remediation.remhelp import make_config
 from tests.support import port_base

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from autoheal.xid import load_catalog
-from remediation.kube import FakeKube
+from remediation.kubeview import FakeKube
 from remediation.policy import Policy
 from tests.remediation.test_rem_policy import _open, journal  # noqa: F401  (the fixture)
 

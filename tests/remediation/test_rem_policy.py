@@ -7,7 +7,7 @@ import time
 import pytest
 
 from autoheal.xid import load_catalog
-from remediation.kube import FakeKube
+from remediation.kubeview import FakeKube
 from remediation.manual import reset_breaker
 from remediation.policy import BREAKER_KEY, Policy, breaker_state, budget_limit
 from remediation.states import IncidentState

@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from autoheal.names import is_node_name
 from remediation.app import create_app
-from remediation.kube import FakeKube
+from remediation.kubeview import FakeKube
 from remediation.runtime import build
 from tests.remediation.remhelp import AUTH, alert, make_config, payload
 

@@ -41,7 +41,7 @@ def test_token_and_relative_token_file(tmp_path):
 
 def test_client_certificate_data_and_ca_data_are_loaded(tmp_path):
     """The lab's own PKI: a CA and a client pair, as base64 data in the kubeconfig."""
-    lab_pki = pytest.importorskip("lab.kube")
+    lab_pki = pytest.importorskip("lab.controlplane")
     pki = tmp_path / "pki"
     lab_pki.generate_pki(pki)
     b64 = {n: base64.b64encode((pki / n).read_bytes()).decode() for n in ("ca.crt", "admin.crt", "admin.key")}

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from autoheal import proc
-from lab import kube
+from lab import controlplane
 from tests.support import port_base, processes_pointing_into, wait_for
 
 pytestmark = pytest.mark.kube
@@ -27,23 +27,23 @@ TAINTED = "gpu-tainted"
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("kube")
-    specs = [kube.KubeNodeSpec(n, labels={"autoheal.io/pool": "a"}, taints=[]) for n in GPU_NODES]
+    specs = [controlplane.KubeNodeSpec(n, labels={"autoheal.io/pool": "a"}, taints=[]) for n in GPU_NODES]
     specs.append(
-        kube.KubeNodeSpec(
+        controlplane.KubeNodeSpec(
             TAINTED,
             labels={"autoheal.io/pool": "quarantine"},
             taints=[{"key": "autoheal.io/quarantine", "value": "true", "effect": "NoSchedule"}],
         )
     )
     try:
-        yield kube.start_control_plane(run_dir, specs, PORT_BASE, timeout=180)
+        yield controlplane.start_control_plane(run_dir, specs, PORT_BASE, timeout=180)
     finally:
-        kube.stop_control_plane(run_dir)
+        controlplane.stop_control_plane(run_dir)
 
 
 @pytest.fixture(scope="module")
 def api(cp):
-    client = kube.api_client(cp.kubeconfig)
+    client = controlplane.api_client(cp.kubeconfig)
     yield client
     client.close()
 
@@ -102,9 +102,9 @@ def uid(prefix: str) -> str:
 
 
 def test_every_service_is_healthy_and_has_a_pid_file(cp):
-    status = kube.control_plane_status(cp.run_dir)
-    assert status == dict.fromkeys(kube.SERVICES, True)
-    assert set(cp.pids) == set(kube.SERVICES)
+    status = controlplane.control_plane_status(cp.run_dir)
+    assert status == dict.fromkeys(controlplane.SERVICES, True)
+    assert set(cp.pids) == set(controlplane.SERVICES)
     for service, pid in cp.pids.items():
         data = json.loads((cp.run_dir / "pids" / f"{service}.json").read_text())
         assert data["pid"] == pid
@@ -216,28 +216,30 @@ def test_a_pod_disruption_budget_makes_eviction_answer_429(api, core):
 
 
 def test_deleted_node_disappears_and_added_node_becomes_ready(cp, core):
-    kube.add_nodes(cp, [kube.KubeNodeSpec("gpu-late", labels={}, taints=[], gpus=4)], timeout=60)
+    controlplane.add_nodes(
+        cp, [controlplane.KubeNodeSpec("gpu-late", labels={}, taints=[], gpus=4)], timeout=60
+    )
     assert core.read_node("gpu-late").status.allocatable["nvidia.com/gpu"] == "4"
-    kube.delete_node(cp, "gpu-late")
+    controlplane.delete_node(cp, "gpu-late")
     wait_for(
         lambda: "gpu-late" not in {n.metadata.name for n in core.list_node().items},
         30,
         "gpu-late deleted",
     )
-    kube.delete_node(cp, "gpu-late")  # already gone: no error
+    controlplane.delete_node(cp, "gpu-late")  # already gone: no error
 
 
 def test_a_service_failing_at_start_is_named_and_nothing_is_left_running(tmp_path, monkeypatch):
-    real_argv = kube._argv
+    real_argv = controlplane._argv
 
     def broken_controller_manager(run_dir, ports, *rest):
         argv = real_argv(run_dir, ports, *rest)
         argv["kube-controller-manager"].append("--no-such-flag")
         return argv
 
-    monkeypatch.setattr(kube, "_argv", broken_controller_manager)
-    with pytest.raises(kube.ControlPlaneError) as err:
-        kube.start_control_plane(tmp_path, [], PORT_BASE + 50, timeout=60)
+    monkeypatch.setattr(controlplane, "_argv", broken_controller_manager)
+    with pytest.raises(controlplane.ControlPlaneError) as err:
+        controlplane.start_control_plane(tmp_path, [], PORT_BASE + 50, timeout=60)
     assert err.value.service == "kube-controller-manager"
     assert "exited with code" in err.value.cause
     assert err.value.log == tmp_path / "logs" / "kube-controller-manager.log"
@@ -245,21 +247,21 @@ def test_a_service_failing_at_start_is_named_and_nothing_is_left_running(tmp_pat
     assert (tmp_path / "logs" / "kube-apiserver.log").read_text()  # others had started...
     assert processes_pointing_into(tmp_path) == {}  # ...and were all stopped again
     assert not list((tmp_path / "pids").glob("*.json"))
-    assert kube.control_plane_status(tmp_path) == dict.fromkeys(kube.SERVICES, False)
+    assert controlplane.control_plane_status(tmp_path) == dict.fromkeys(controlplane.SERVICES, False)
 
 
 def test_a_taken_port_is_reported_before_anything_starts(tmp_path):
     base = PORT_BASE + 60
     with socket.socket() as blocker:
-        blocker.bind(("127.0.0.1", kube.Ports.from_base(base).apiserver))
+        blocker.bind(("127.0.0.1", controlplane.Ports.from_base(base).apiserver))
         blocker.listen()
-        with pytest.raises(kube.ControlPlaneError) as err:
-            kube.start_control_plane(tmp_path, [], base, timeout=60)
+        with pytest.raises(controlplane.ControlPlaneError) as err:
+            controlplane.start_control_plane(tmp_path, [], base, timeout=60)
     assert err.value.service == "kube-apiserver"
     assert f"127.0.0.1:{base + 2} is already in use" in str(err.value)
     assert not (tmp_path / "logs" / "etcd.log").exists()
 
 
 def test_stop_is_a_no_op_without_a_control_plane(tmp_path):
-    kube.stop_control_plane(tmp_path)
-    kube.stop_control_plane(tmp_path / "never-created")
+    controlplane.stop_control_plane(tmp_path)
+    controlplane.stop_control_plane(tmp_path / "never-created")

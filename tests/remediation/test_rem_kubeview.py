@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from remediation.errors import KubeError
-from remediation.kube import FakeKube, RealKube, label_is_set
+from remediation.kubeview import FakeKube, RealKube, label_is_set
 
 NODES: dict[str, Any] = {
     "kind": "NodeList",
@@ -120,7 +120,7 @@ def test_real_kube_reads_labelled_nodes_metadata_only_and_opted_out_pods(kubecon
 
 
 def test_real_kube_caches_the_pool_map_and_refreshes_for_an_unknown_node(kubeconfig, monkeypatch):
-    import remediation.kube as kmod
+    import remediation.kubeview as kmod
 
     _Api.seen.clear()
     kube = RealKube(kubeconfig, pool_cache_seconds=60)

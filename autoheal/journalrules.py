@@ -1,10 +1,11 @@
 """The rules for the runner's journal, written once for everything that configures a runner.
 
-Three places configure the journal and must agree: the runner's own config file
+Four places configure the journal and must agree: the runner's own config file
 (remediation/config.py: `journal_path` or `journal_dsn`), the RemediationRunner component
-(components/runner.py: `journal`, `postgres`, `replicas`) and the stack file that declares it
-(components/config.py, `autoheal:runner`). The runner and the components may not import each
-other (docs/architecture.md#layers), so the rules live here, in the shared core:
+(components/runner.py: `journal`, `postgres`, `replicas`), the stack file that declares it
+(components/config.py, `autoheal:runner`) and the lab (lab/config.py: `runner_journal`,
+`runner_replicas`). The runner and the components may not import each other
+(docs/architecture.md#layers), so the rules live here, in the shared core:
 
 - **Replicas need PostgreSQL.** A SQLite journal has one writer (its file, on one volume); more
   than one runner needs the shared PostgreSQL journal (and leader election).

@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autoheal.errors import ConfigError
+from autoheal.journalrules import JournalKind, replicas_problem
 from autoheal.slurmconf import SlurmConfSpec, SlurmPool
 
 # Offsets from port_base. slurmd ports start at SLURMD_OFFSET, one per node.
@@ -88,7 +89,7 @@ class LabConfig(BaseModel):
     watchers: bool = True  # one XID watcher per GPU node (lab.watch; small labs only)
     # the runner's journal: one SQLite file, or a PostgreSQL server the lab runs (lab.postgres)
     # that several replicas share, as production runs them in HA
-    runner_journal: Literal["sqlite", "postgres"] = "sqlite"
+    runner_journal: JournalKind = "sqlite"
     # runner replicas; more than one elect a leader on a Lease (needs postgres and kube)
     runner_replicas: int = Field(default=1, ge=1, le=MAX_RUNNER_REPLICAS)
     # where Slurm and the runner run: "host" (Debian's slurmctld and one slurmd process per node,
@@ -109,7 +110,7 @@ class LabConfig(BaseModel):
             )
         if self.real_nodes and not self.kube:
             raise ValueError("real_nodes: real nodes need the Kubernetes control plane (kube: true)")
-        if self.runner_replicas > 1 and self.runner_journal != "postgres":
+        if replicas_problem(self.runner_journal, self.runner_replicas) is not None:  # replicas: postgres
             raise ValueError(
                 f"runner_replicas: {self.runner_replicas} replicas share one journal, which SQLite cannot"
                 " be; set runner_journal: postgres (--runner-journal postgres) or runner_replicas: 1"

@@ -59,10 +59,12 @@ def verdict(seconds: float, budget: float | None = None) -> Verdict:
 
 
 def is_whole_suite(config: pytest.Config) -> bool:
-    """True for a run of every test the project has (no paths, -k, -m, --lf or --deselect)."""
+    """True for a run of every test the project has (no paths, -k, -m, --lf, --deselect or
+    --collect-only)."""
     opt = config.option
     return (
         config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and not opt.collectonly
         and not opt.keyword
         and not opt.markexpr
         and not getattr(opt, "lf", False)

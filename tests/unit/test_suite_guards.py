@@ -56,6 +56,8 @@ def test_a_whole_run_over_its_budget_fails_though_every_test_passed(tmp_path: Pa
     assert ok.returncode == 0 and "of a 10 min budget" in ok.stdout, ok.stdout + ok.stderr
     part = _run_suite(tmp_path, "0.1", "-k", "test_a")  # a part of the suite is not judged
     assert part.returncode == 0 and "suite time" not in part.stdout, part.stdout + part.stderr
+    listed = _run_suite(tmp_path, "0.1", "--collect-only")  # nor is a listing
+    assert listed.returncode == 0 and "suite time" not in listed.stdout, listed.stdout + listed.stderr
 
 
 def test_too_little_disk_is_refused_naming_what_to_clean(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 # the lab, the project's virtualenv, and the Go-built tools (scripts/build-tools.sh).
 #
 # On a fresh machine the stages overlap where two cores allow it: Go module downloads start at
-# once (network), apt runs meanwhile, then the virtualenv (pip: network and unpacking) installs
+# once (network), apt runs meanwhile, then the virtualenv (uv: network, then hard links from its cache) installs
 # while the Go tools compile (CPU). Each stage says what it is doing and how long it took last
 # time it ran cold; the end says how long set-up took. A warm rerun does no work beyond a few
 # checks (stamp files keyed on content) and takes about a second.
@@ -21,7 +21,7 @@ mkdir -p "$STAMPS" "$LOGS"
 # Cold durations measured on a 2-core machine of this project's kind (README, "Set-up"); the Go
 # tools' own figures live in their recipes (tools/gobuild/*/recipe.sh).
 COLD_APT=40
-COLD_VENV=340
+COLD_VENV=100  # uv's cache cold (the downloads); warm: ~20 s
 
 say() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*" >&2; }
 mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
@@ -58,7 +58,7 @@ if [[ ! -x $VENV/bin/python || "$(cat "$STAMPS/venv" 2>/dev/null)" != "$venv_wan
 if ((${#apt_missing[@]} || venv_todo || ${#tools_todo[@]})); then
   plan=()
   ((${#apt_missing[@]})) && plan+=("Debian packages (~$(mmss $COLD_APT))")
-  ((venv_todo)) && plan+=("the virtualenv (~$(mmss $COLD_VENV) when pip's cache is cold)")
+  ((venv_todo)) && plan+=("the virtualenv (~$(mmss $COLD_VENV) when uv's cache is cold)")
   ((${#tools_todo[@]})) && plan+=("Go tools ${tools_todo[*]} (~$(mmss $tools_expect) cold)")
   longest=$(( (${#apt_missing[@]} ? COLD_APT : 0) + (tools_expect > COLD_VENV ? tools_expect : (venv_todo ? COLD_VENV : 0)) ))
   say "setting up: $(IFS=';'; echo "${plan[*]}" | sed 's/;/; /g')"
@@ -92,8 +92,16 @@ if ((venv_todo)); then
   (
     t=$SECONDS
     [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q -e ".[dev,pulumi,demo]"
+    "$VENV/bin/pip" install -q --upgrade pip uv
+    # uv installs from its cache (~/.cache/uv) by hard links: a fresh clone's virtualenv (6.7 GB,
+    # most of it PyTorch's CUDA libraries) takes ~20 s instead of pip's 3-4 min of downloading and
+    # unpacking (measured 2026-12-02). It trusts the system's CAs as pip does here, and pip's
+    # find-links; should uv fail, pip installs the same set.
+    if ! UV_FIND_LINKS=${PIP_FIND_LINKS:-} "$VENV/bin/uv" pip install -q --native-tls \
+        --python "$VENV/bin/python" -e ".[dev,pulumi,demo]"; then
+      echo "uv failed (above); installing with pip"
+      "$VENV/bin/pip" install -q -e ".[dev,pulumi,demo]"
+    fi
     echo "$venv_want" >"$STAMPS/venv"
     echo $((SECONDS - t)) >"$LOGS/venv.took"
   ) >"$LOGS/venv.log" 2>&1 &

@@ -52,7 +52,9 @@ def test_anchored_patterns_are_only_used_as_full_matches(path):
     assert not re.search(r"\bre\.match\(r?[\"']\^", source), f"{path.name}: re.match with ^...$"
 
 
-_RULES = load_rules(make_config(Path(tempfile.mkdtemp(prefix="autoheal-fullmatch-"))).rules_file)
+# the rules are read once, at import; their folder is not needed after (one was left per run)
+with tempfile.TemporaryDirectory(prefix="autoheal-fullmatch-") as _tmp:
+    _RULES = load_rules(make_config(Path(_tmp)).rules_file)
 
 
 def _normalise(**labels: str) -> Incident | Rejected:

@@ -366,3 +366,18 @@ def trap_job_script(tmp: Path) -> tuple[Path, Path]:
     )
     script.chmod(0o755)
     return script, log
+
+
+def in_fresh_interpreter(code: str, *argv: str) -> list[Any]:
+    """Run `code` in a fresh interpreter, as the warm fence process runs (it installs the
+    collection loader); each line it prints is JSON."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(REPO), *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith(("{", "["))]

@@ -21,8 +21,6 @@ pytestmark = pytest.mark.lab
 SPARE_REASON = "autoheal: hot spare"
 
 
-
-
 def snapshot(lab: Any) -> tuple[Any, Any, Any]:
     slurm = {
         n: (

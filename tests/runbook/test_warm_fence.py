@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from remediation.warmfence import WarmFence
-from tests.runbook.conftest import REPO, run_playbook, trap_job_script
+from tests.runbook.conftest import REPO, in_fresh_interpreter, run_playbook, trap_job_script
 from tests.runbook.test_playbooks import fault_vars
 from tests.support import wait_for
 
@@ -169,14 +167,5 @@ def test_a_storm_batch_is_fenced_on_the_warm_path_without_signalling(tmp_path: P
         "    print(json.dumps(r.args(extra)[0]['signal_jobs']))\n"
     )
     sizes = [1, WARM_SIGNAL_MAX_NODES, WARM_SIGNAL_MAX_NODES + 1]
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(REPO), str(tmp_path / "events.jsonl"), *map(str, sizes)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    one, most, storm = (json.loads(line) for line in out.stdout.splitlines()[-3:])
+    one, most, storm = in_fresh_interpreter(code, str(tmp_path / "events.jsonl"), *map(str, sizes))[-3:]
     assert one == ["gpu-1"] and len(most) == WARM_SIGNAL_MAX_NODES and storm == []

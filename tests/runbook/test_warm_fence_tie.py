@@ -6,7 +6,6 @@ lab tests (test_warm_fence.py) show the two fence a real cluster the same way.""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,24 +14,9 @@ from typing import Any
 
 import yaml
 
-from tests.runbook.conftest import REPO, ansible_env
+from tests.runbook.conftest import REPO, ansible_env, in_fresh_interpreter
 
 VENV_BIN = Path(sys.executable).parent
-
-
-def warm(code: str, *argv: str) -> list[Any]:
-    """Run `code` in a fresh interpreter, as the warm fence process runs (it installs the
-    collection loader); each line it prints is JSON."""
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(REPO), *argv],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith(("{", "["))]
 
 
 def inputs(tmp_path: Path) -> dict[str, Any]:
@@ -97,7 +81,7 @@ def test_the_warm_path_renders_the_fence_step_as_the_play_does(tmp_path: Path) -
         "args, run = _Renderer(Path(sys.argv[1])).args(json.loads(sys.argv[2]))\n"
         "print(json.dumps(args))\n"
     )
-    (by_warm,) = warm(code, json.dumps(extra))
+    (by_warm,) = in_fresh_interpreter(code, json.dumps(extra))
     by_warm.pop("opt_out_label", None)
     assert by_warm == by_play
     assert by_play["nodes"] == ["gpu-1", "gpu-2"] and by_play["signal_jobs"] == ["gpu-1", "gpu-2"]
@@ -114,7 +98,7 @@ def test_the_warm_path_runs_the_module_as_ansible_runs_it(tmp_path: Path) -> Non
         "warm = _Renderer(Path(sys.argv[1])).warm\n"
         "print(json.dumps(_run_module(warm.FENCE_MODULE, json.loads(sys.argv[2]), 60)))\n"
     )
-    (by_warm,) = warm(code, json.dumps(args))
+    (by_warm,) = in_fresh_interpreter(code, json.dumps(args))
     env = {**ansible_env(), "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json"}
     res = subprocess.run(
         [

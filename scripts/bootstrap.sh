@@ -21,7 +21,7 @@ mkdir -p "$STAMPS" "$LOGS"
 # Cold durations measured on a 2-core machine of this project's kind (README, "Set-up"); the Go
 # tools' own figures live in their recipes (tools/gobuild/*/recipe.sh).
 COLD_APT=40
-COLD_VENV=100  # uv's cache cold (the downloads); warm: ~20 s
+COLD_VENV=240  # uv's cache cold (the downloads) and the bytecode; warm: ~2.5 min
 
 say() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*" >&2; }
 mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
@@ -94,10 +94,13 @@ if ((venv_todo)); then
     [[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip uv
     # uv installs from its cache (~/.cache/uv) by hard links: a fresh clone's virtualenv (6.7 GB,
-    # most of it PyTorch's CUDA libraries) takes ~20 s instead of pip's 3-4 min of downloading and
-    # unpacking (measured 2026-12-02). It trusts the system's CAs as pip does here, and pip's
-    # find-links; should uv fail, pip installs the same set.
-    if ! UV_FIND_LINKS=${PIP_FIND_LINKS:-} "$VENV/bin/uv" pip install -q --native-tls \
+    # most of it PyTorch's CUDA libraries) is linked in ~20 s where pip downloaded and unpacked it
+    # for 3-4 min (pip kept no cache here; measured 2026-12-02). It compiles the bytecode as pip
+    # does (~2 min of the 2.5 on a busy machine): where
+    # PYTHONDONTWRITEBYTECODE is set (here it is) nothing else would, and every ansible-playbook
+    # and module would compile Ansible anew (the runbook tests ran twice as long). It trusts the
+    # system's CAs as pip does here, and pip's find-links; should uv fail, pip installs the same set.
+    if ! UV_FIND_LINKS=${PIP_FIND_LINKS:-} "$VENV/bin/uv" pip install -q --native-tls --compile-bytecode \
         --python "$VENV/bin/python" -e ".[dev,pulumi,demo]"; then
       echo "uv failed (above); installing with pip"
       "$VENV/bin/pip" install -q -e ".[dev,pulumi,demo]"

@@ -64,6 +64,7 @@ def built_images(cfg: LabConfig) -> dict[str, str]:
 
 
 def _real_node_config(cfg: LabConfig, conf: dict[str, Any]) -> None:
+    from lab import watch
     from lab.nodes.cluster import REAL_NODE_LABEL, SYSTEM_LABEL
 
     images = built_images(cfg)
@@ -78,8 +79,6 @@ def _real_node_config(cfg: LabConfig, conf: dict[str, Any]) -> None:
     monitoring["dcgmExporter"] = False
     # and writes each node's kernel log: a lab node has no NVIDIA driver, and a container's device
     # cgroup refuses the host's /dev/kmsg (the watcher pods crash-looped on it in host labs)
-    from lab import watch
-
     monitoring["watcherKernelLogDir"] = str(watch.kmsg_dir(cfg))
     # every lab node is a GPU node; the system pods go to real ones (a KWOK pod never runs)
     pool_taints = [t for p in conf.get("autoheal:pools") or [] for t in p.get("taints", [])]

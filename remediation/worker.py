@@ -20,7 +20,7 @@ import logging
 import threading
 from typing import IO
 
-from remediation.backoff import Backoff
+from autoheal.backoff import Backoff
 from remediation.batches import Batches, BatchKey
 from remediation.closing import NO_SPARE_REASON, Closings
 from remediation.config import RunnerConfig

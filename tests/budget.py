@@ -2,8 +2,9 @@
 
 Every issue adds tests on real kubelets; without a line that fails, the suite drifts towards CI's
 hard limit (90 min) one minute at a time and nobody notices until a landing is lost. The line is
-the pytest part of `make test`: 30 minutes less what runs before it (the warm bootstrap of a
-fresh clone, ~2 min with pip's cache warm; ruff, mypy and the collection's sanity check, ~1 min).
+the pytest part of `make test`, whose target is 30 minutes less what runs before it (a fresh
+clone's bootstrap, ~2.5 min with uv's cache warm; ruff, mypy with its cache warm and the
+collection's sanity check, ~1 min).
 A whole run fails only when it crosses the budget by MARGIN, so a busy machine's noise does not fail
 it, and a real drift does. Runs of a part of the suite (paths, -k, -m, --lf) are not judged.
 

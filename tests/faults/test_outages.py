@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from remediation.backoff import Backoff
+from autoheal.backoff import Backoff
 from remediation.journal import Journal
 from remediation.states import IncidentState
 from tests.faults.faulthelp import RUNBOOK_PHASES, RunnerProcess, Sink

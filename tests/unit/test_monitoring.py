@@ -1,6 +1,5 @@
 """The shipped monitoring files are generated from the catalogue and pass the real tools."""
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -8,7 +7,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoheal.monitoring import render_alertmanager_config, render_xid_rules, shipped_files
+from autoheal.monitoring import (
+    XID_METRIC,
+    render_alertmanager_config,
+    render_xid_rules,
+    shipped_files,
+    xid_expr,
+    xid_ranges,
+)
 from autoheal.xid import Tier, load_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,17 +27,59 @@ def test_shipped_file_matches_the_catalogue(name):
     assert on_disk == shipped_files()[name], f"monitoring/{name} drifted: run `autoheal monitoring render`"
 
 
-def test_rule_expressions_name_exactly_the_acting_xids_and_unknown_ones_quarantine():
-    rules = render_xid_rules()["groups"][0]["rules"]
-    exprs = {r["labels"]["tier"]: r["expr"] for r in rules}
-    listed, unknown = exprs["quarantine"].split(" or (DCGM_FI_DEV_XID_ERRORS > 0 unless (", 1)
-    exprs["quarantine"] = listed
-    by_tier = {t: {int(x) for x in re.findall(r"== (\d+)", e)} for t, e in exprs.items()}
+def test_consecutive_xids_are_one_range_and_single_ones_a_comparison():
+    assert xid_ranges([7, 1, 3, 2, 9, 10, 3]) == [(1, 3), (7, 7), (9, 10)]
+    assert xid_expr([1, 2, 3, 7], metric="m") == "(m >= 1 <= 3) or m == 7"
+
+
+def test_every_xid_value_fires_exactly_its_catalogue_tier(tmp_path):
+    """promtool evaluates the rendered rules for every XID value from 1 to past the catalogue's
+    last (one GPU each): an acting XID fires once with its tier, a notify-only one never, an XID
+    the catalogue does not know fires as quarantine."""
     cat = load_catalog()
-    acting = [t for t in Tier if t is not Tier.NOTIFY and cat.xids_of(t)]
-    assert by_tier == {t.value: set(cat.xids_of(t)) for t in acting}
-    # the fail-safe rule excludes every XID the catalogue knows, notify-only ones included
-    assert {int(x) for x in re.findall(r"== (\d+)", unknown)} == {e.xid for e in cat.xids}
+    values = range(1, max(e.xid for e in cat.xids) + 4)
+    series, expected = [], []
+    for x in values:
+        labels = {"Hostname": "n", "gpu": str(x)}
+        series.append({"series": f'{XID_METRIC}{{Hostname="n",gpu="{x}"}}', "values": f"{x} {x}"})
+        tier = cat.tier_of(x)
+        if tier is not Tier.NOTIFY:
+            expected.append(
+                {
+                    "exp_labels": {
+                        **labels,
+                        "severity": "critical",
+                        "tier": tier.value,
+                        "xid": str(x),
+                        "source": "dcgm",
+                    },
+                    "exp_annotations": {
+                        "summary": f"Fatal XID {x} on n GPU {x}",
+                        "catalog_version": str(cat.version),
+                    },
+                }
+            )
+    assert any(cat.tier_of(x) is Tier.NOTIFY for x in values) and any(cat.get(x) is None for x in values)
+    (tmp_path / "xid.rules.yml").write_text(yaml.safe_dump(render_xid_rules()))
+    test = {
+        "rule_files": ["xid.rules.yml"],
+        "evaluation_interval": "1s",
+        "tests": [
+            {
+                "interval": "1s",
+                "input_series": series,
+                "alert_rule_test": [{"eval_time": "1s", "alertname": "GpuXidFatal", "exp_alerts": expected}],
+            }
+        ],
+    }
+    (tmp_path / "every_xid_test.yml").write_text(yaml.safe_dump(test))
+    res = subprocess.run(
+        [_tool("promtool"), "test", "rules", "every_xid_test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
 
 def test_alertmanager_route_sends_a_bearer_token_from_a_file():

@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 VENV ?= .venv
 BIN := $(VENV)/bin
+# pytest's workers (tests/workers.py): the suite mostly waits on real parts, so two share 2 cores
+TEST_WORKERS ?= 2
 
 .PHONY: demo test bootstrap lint review lab-down
 
@@ -16,7 +18,7 @@ test: bootstrap
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
 	$(BIN)/python collections/sanity.py
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS)
 
 lint: bootstrap
 	$(BIN)/ruff check .

@@ -1,5 +1,6 @@
 """Suite-wide guards: enough free disk before the first test, and the suite's time budget after the
-last (tests/budget.py says why and how the line is drawn)."""
+last (tests/budget.py says why and how the line is drawn); and how `make test`'s workers share the
+suite (tests/workers.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,22 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from autoheal.errors import LabError
 from lab import disk
-from tests import budget
+from tests import budget, workers
 
 REPO = Path(__file__).resolve().parents[1]
 _STARTED = pytest.StashKey[float]()
 _VERDICT = pytest.StashKey[budget.Verdict]()
+_UNIT_TIMES = "autoheal_unit_times"  # the controller's measured unit times, handed to each worker
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -29,14 +36,37 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit(f"not starting: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, in the controller: every worker orders the suite from the same unit times (read
+    once here, so that a file written meanwhile cannot give two workers two orders)."""
+    node.workerinput[_UNIT_TIMES] = workers.load_times()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return workers.UnitScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _is_worker(config):
+        workers.check_shared(items)
+        workers.order(items, config.workerinput.get(_UNIT_TIMES, {}))  # type: ignore[attr-defined]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Runs before the terminal summary: the verdict is printed there, and an over-budget whole
-    run fails even when every test passed."""
+    run fails even when every test passed. Workers leave both to the controller."""
     config = session.config
     started = config.stash.get(_STARTED, None)
-    if started is None or not budget.is_whole_suite(config):
+    if started is None or _is_worker(config) or not budget.is_whole_suite(config):
         return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    reports = [r for found in (reporter.stats.values() if reporter else ()) for r in found]
+    # the next distributed run starts its longest units first
+    measured = workers.measured((r.nodeid, r.duration) for r in reports if hasattr(r, "duration"))
+    workers.save_times({**workers.load_times(), **measured})
     verdict = budget.verdict(time.monotonic() - started)
     config.stash[_VERDICT] = verdict
     if verdict.over and exitstatus == pytest.ExitCode.OK:

@@ -1,7 +1,8 @@
 """Helpers every test package shares: one `wait_for`, and port blocks that can be shifted.
 
 `AUTOHEAL_TEST_PORT_OFFSET` moves every fixed port block the suites use, so two checkouts can run
-their lab tests on one machine at the same time without fighting over loopback ports.
+their lab tests on one machine at the same time without fighting over loopback ports; each of
+`make test`'s workers moves them again (tests/workers.py).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PORT_OFFSET = int(os.environ.get("AUTOHEAL_TEST_PORT_OFFSET", "0"))
+from tests.workers import port_shift
+
+PORT_OFFSET = int(os.environ.get("AUTOHEAL_TEST_PORT_OFFSET", "0")) + port_shift()
 
 
 def port_base(base: int) -> int:
-    """`base` shifted by $AUTOHEAL_TEST_PORT_OFFSET."""
+    """`base` shifted by $AUTOHEAL_TEST_PORT_OFFSET and the worker's shift."""
     return base + PORT_OFFSET
 
 

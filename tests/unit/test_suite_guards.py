@@ -1,5 +1,6 @@
 """The suite's own guards: a whole run over its time budget fails, a part of it is never judged,
-and too little free disk stops a lab (and the suite) before anything starts, naming what to clean."""
+and too little free disk stops a lab (and the suite) before anything starts, naming what to clean;
+and `make test`'s workers share the suite by work units without building a lab twice."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from autoheal.errors import LabError
 from lab import disk
-from tests import budget
+from tests import budget, workers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +39,12 @@ def _run_suite(tmp_path: Path, budget_s: str, *args: str) -> subprocess.Complete
     (tmp_path / "t").mkdir(exist_ok=True)
     (tmp_path / "t" / "test_x.py").write_text("import time\n\ndef test_a():\n    time.sleep(0.3)\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = t\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "AUTOHEAL_SUITE_BUDGET_SECONDS": budget_s}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "AUTOHEAL_SUITE_BUDGET_SECONDS": budget_s,
+        "AUTOHEAL_CACHE": str(tmp_path),  # its unit times are not the suite's
+    }
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", *args],
         cwd=tmp_path,
@@ -76,3 +84,121 @@ def test_too_little_disk_is_refused_naming_what_to_clean(tmp_path: Path) -> None
 
 def test_a_lab_needs_more_disk_for_each_real_node() -> None:
     assert disk.lab_need(3) - disk.lab_need(0) == 3 * disk.REAL_NODE_BYTES
+
+
+# --- how `make test`'s workers share the suite (tests/workers.py) ---
+
+
+def test_a_shared_package_is_one_unit_and_every_other_module_its_own() -> None:
+    assert workers.unit_of("tests/runbook/test_modules.py::test_x[a]") == "tests/runbook"
+    assert workers.unit_of("tests/runbook/sub/test_y.py::T::test_z") == "tests/runbook"
+    assert workers.unit_of("tests/unit/test_backoff.py::test_a") == "tests/unit/test_backoff.py"
+    assert workers.unit_of("tests/runbookish/test_a.py::t") == "tests/runbookish/test_a.py"
+
+
+def test_measured_unit_times_sum_every_phase_and_survive_a_round_trip(tmp_path: Path) -> None:
+    times = workers.measured(
+        [("tests/lab/test_a.py::t", 1.0), ("tests/lab/test_b.py::t", 2.5), ("tests/unit/test_c.py::t", 0.25)]
+    )
+    assert times == {"tests/lab": 3.5, "tests/unit/test_c.py": 0.2}
+    path = tmp_path / "cache" / "units.json"
+    workers.save_times(times, path)
+    assert workers.load_times(path) == times
+    path.write_text("not json")
+    assert workers.load_times(path) == {}  # a damaged record only costs the ordering
+
+
+def test_each_worker_moves_its_ports_below_the_blocks_and_refuses_a_fourth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    assert workers.port_shift() == 0
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    assert workers.port_shift() == -workers.PORT_STRIDE
+    # the highest block (29,300) of the last worker stays clear of the ones below it, above 1,024
+    assert 21_400 - workers.PORT_STRIDE * (workers.MAX_WORKERS - 1) > 1024
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{workers.MAX_WORKERS}")
+    with pytest.raises(pytest.UsageError, match="at most 3 workers"):
+        workers.port_shift()
+
+
+def _tiny_suite(tmp_path: Path, shared: bool) -> None:
+    """Two packages: one whose tests share a package-scoped fixture (tests/lab, SHARED), another
+    module on its own; each test records the worker it ran on."""
+    # no __init__.py: the project's `tests` package (its conftest is the plugin) must stay importable
+    for pkg in ("tests/lab", "tests/unit"):
+        (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
+    scope = "package" if shared else "function"
+    (tmp_path / "tests/lab/conftest.py").write_text(
+        f"import pytest\n\n@pytest.fixture(scope='{scope}')\ndef lab():\n    return 1\n"
+    )
+    body = (
+        "import os\n\ndef _mark(name):\n"
+        "    with open(os.environ['RECORD'], 'a') as f:\n"
+        "        f.write(name + ' ' + os.environ['PYTEST_XDIST_WORKER'] + '\\n')\n"
+    )
+    for mod in ("test_a", "test_b"):
+        tests = "".join(f"\ndef test_{i}(lab):\n    _mark('{mod}')\n" for i in range(3))
+        (tmp_path / "tests/lab" / f"{mod}.py").write_text(body + tests)
+    (tmp_path / "tests/unit/test_c.py").write_text(body + "\ndef test_c():\n    _mark('c')\n")
+
+
+def test_two_workers_run_a_shared_package_on_one_worker(tmp_path: Path) -> None:
+    _tiny_suite(tmp_path, shared=True)
+    record = tmp_path / "record"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RECORD": str(record), "AUTOHEAL_CACHE": str(tmp_path)}
+    env.pop("AUTOHEAL_TEST_PORT_OFFSET", None)
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "2",
+         "--import-mode=importlib", "--rootdir", str(tmp_path), "tests"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0 and "7 passed" in res.stdout, res.stdout + res.stderr
+    ran = [line.split() for line in record.read_text().splitlines()]
+    assert len({w for m, w in ran if m in ("test_a", "test_b")}) == 1, ran  # the lab's package
+    assert {m for m, _ in ran} == {"test_a", "test_b", "c"}
+
+
+def test_a_package_scoped_fixture_outside_the_table_stops_the_run_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tiny_suite(tmp_path, shared=True)
+    (tmp_path / "tests/unit/conftest.py").write_text(
+        "import pytest\n\n@pytest.fixture(scope='package')\ndef lab():\n    return 2\n"
+    )
+    (tmp_path / "tests/unit/test_c.py").write_text("def test_c(lab):\n    assert lab == 2\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "RECORD": str(tmp_path / "r"),
+        "AUTOHEAL_CACHE": str(tmp_path),
+    }
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-n", "2",
+         "--import-mode=importlib", "--rootdir", str(tmp_path), "tests"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert res.returncode != 0, res.stdout
+    assert "tests/unit declare(s) a fixture of package or session scope" in res.stdout + res.stderr
+
+
+def test_the_longest_units_go_first_keeping_each_units_own_order() -> None:
+    ids = [
+        "tests/unit/test_a.py::t1",
+        "tests/lab/test_x.py::t1",
+        "tests/unit/test_a.py::t2",
+        "tests/e2e/test_demo.py::t",
+        "tests/lab/test_y.py::t2",
+        "tests/unit/test_b.py::t",
+    ]
+    items = [cast(pytest.Item, SimpleNamespace(nodeid=i)) for i in ids]
+    # measured seconds where known (the demo's one test is the longest), else the number of tests
+    workers.order(items, {"tests/e2e/test_demo.py": 300.0, "tests/lab": 40.0})
+    assert [i.nodeid for i in items] == [
+        "tests/e2e/test_demo.py::t",
+        "tests/lab/test_x.py::t1",
+        "tests/lab/test_y.py::t2",
+        "tests/unit/test_a.py::t1",
+        "tests/unit/test_a.py::t2",
+        "tests/unit/test_b.py::t",
+    ]

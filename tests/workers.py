@@ -1,0 +1,142 @@
+"""How `make test` shares the suite between its workers (pytest-xdist, `-n 2`).
+
+Most of the suite waits on real parts (slurmctld's pings, kubelets, the Pulumi engine, Ansible's
+forks): run in one process it kept 2 cores about half busy. Two workers run two work units at once.
+
+- A work unit runs on one worker from its first test to its last. The packages whose tests share
+  a fixture of package scope (a lab) are one unit each (SHARED), so no lab is built twice; every
+  other module is a unit of its own. UnitScheduling is xdist's scope scheduling with these units
+  as its scopes (xdist's own `loadgroup` marks are not used: they rewrite node ids, which pytest
+  9.2 no longer allows, pytest-xdist#1386). The controller sees node ids only, so SHARED is a
+  table; each worker checks it against the fixtures it collected and stops the run when a
+  package with a package-scoped fixture is missing from it.
+- The longest units start first, so that no long unit is left to start last while the other
+  worker idles: their seconds in the last distributed whole run on this machine (TIMES, kept with
+  the other caches outside the clone), else their number of tests.
+- Each worker shifts the suite's fixed port blocks (tests/support.port_base) by PORT_STRIDE per
+  worker index, downwards: the blocks lie between 21,400 and 30,000 and the ephemeral range starts
+  at 32,768, so only the range below is free for a second copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+from images.build import cache_root
+
+# the packages whose tests share a package-scoped fixture: one work unit each
+SHARED = (
+    "tests/components",
+    "tests/k8s_runner",
+    "tests/lab",
+    "tests/nodes",
+    "tests/packaging",
+    "tests/remediation",
+    "tests/runbook",
+)
+PORT_STRIDE = 10_000
+MAX_WORKERS = 3  # the third worker's blocks start at 1,400: a fourth would go below 1,024
+TIMES = cache_root().parent / "test-units.json"
+_SHARED_SCOPES = ("package", "session")
+
+
+def worker_index() -> int:
+    """0 for the first worker, or when pytest runs without workers."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+    if index >= MAX_WORKERS:
+        raise pytest.UsageError(
+            f"pytest -n: at most {MAX_WORKERS} workers fit the suite's port blocks (worker {name})"
+        )
+    return index
+
+
+def port_shift() -> int:
+    return -PORT_STRIDE * worker_index()
+
+
+def unit_of(nodeid: str) -> str:
+    """The test's package when it is SHARED, else the test's module."""
+    module = nodeid.split("::", 1)[0]
+    return next((pkg for pkg in SHARED if module.startswith(f"{pkg}/")), module)
+
+
+def shared_scope(item: pytest.Item) -> str | None:
+    """The package of the suite declaring a package- or session-scoped fixture the test uses, if
+    any (pytest's and plugins' own fixtures, declared outside the suite, have no such package)."""
+    # pytest keeps the resolved fixture definitions only on this private attribute
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        defs = info.name2fixturedefs.get(name) if info is not None else None
+        if defs and defs[-1].scope in _SHARED_SCOPES and defs[-1].baseid:
+            return defs[-1].baseid
+    return None
+
+
+def check_shared(items: Iterable[pytest.Item]) -> None:
+    """Every package with a package-scoped fixture must be one unit, or two workers build its lab."""
+    missing = sorted({s for item in items if (s := shared_scope(item)) and s not in SHARED})
+    if missing:
+        # not UsageError: xdist does not show a worker's usage error, only that it stopped
+        raise RuntimeError(
+            f"tests/workers.py: {', '.join(missing)} declare(s) a fixture of package or session scope;"
+            " add the package to SHARED so that one worker runs all its tests"
+        )
+
+
+class UnitScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
+    """xdist's scope scheduling, with the suite's work units as its scopes, in the workers' order
+    (longest first: `order`), not xdist's (most tests first)."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        config.option.loadscopereorder = False
+        super().__init__(config, log)
+
+    def _split_scope(self, nodeid: str) -> str:
+        return unit_of(nodeid)
+
+
+def load_times(path: Path = TIMES) -> dict[str, float]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}
+
+
+def save_times(times: dict[str, float], path: Path = TIMES) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(dict(sorted(times.items())), indent=1))
+    tmp.replace(path)
+
+
+def order(items: list[pytest.Item], times: dict[str, float]) -> None:
+    """Put the longest units first, in place. Within a unit the order is kept (a module's tests
+    may build on each other)."""
+    units = [unit_of(item.nodeid) for item in items]
+    count: dict[str, int] = defaultdict(int)
+    for unit in units:
+        count[unit] += 1
+    weight = {u: times.get(u, float(n)) for u, n in count.items()}
+    first_seen = {u: i for i, u in reversed(list(enumerate(units)))}
+    paired = sorted(zip(units, items, strict=True), key=lambda p: (-weight[p[0]], first_seen[p[0]]))
+    items[:] = [item for _, item in paired]
+
+
+def measured(reports: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """Seconds per unit from (node id, duration) of every setup, call and teardown."""
+    times: dict[str, float] = defaultdict(float)
+    for nodeid, seconds in reports:
+        times[unit_of(nodeid)] += seconds
+    return {u: round(s, 1) for u, s in times.items()}

@@ -3,13 +3,13 @@
 Most of the suite waits on real parts (slurmctld's pings, kubelets, the Pulumi engine, Ansible's
 forks): run in one process it kept 2 cores about half busy. Two workers run two work units at once.
 
-- A work unit runs on one worker from its first test to its last. The packages whose tests share
-  a fixture of package scope (a lab) are one unit each (SHARED), so no lab is built twice; every
-  other module is a unit of its own. UnitScheduling is xdist's scope scheduling with these units
+- A work unit runs on one worker from its first test to its last. The modules of a package whose
+  tests share a fixture of package scope (a lab) are one unit (SHARED), so no lab is built twice;
+  every other module is a unit of its own. UnitScheduling is xdist's scope scheduling with these units
   as its scopes (xdist's own `loadgroup` marks are not used: they rewrite node ids, which pytest
   9.2 no longer allows, pytest-xdist#1386). The controller sees node ids only, so SHARED is a
   table; each worker checks it against the fixtures it collected and stops the run when a
-  package with a package-scoped fixture is missing from it.
+  module using a package-scoped fixture is missing from it.
 - The longest units start first, so that no long unit is left to start last while the other
   worker idles: their seconds in the last distributed whole run on this machine (TIMES, kept with
   the other caches outside the clone), else their number of tests.
@@ -32,16 +32,32 @@ from xdist.scheduler import LoadScopeScheduling
 
 from images.build import cache_root
 
-# the packages whose tests share a package-scoped fixture: one work unit each
-SHARED = (
-    "tests/components",
-    "tests/k8s_runner",
-    "tests/lab",
-    "tests/nodes",
-    "tests/packaging",
-    "tests/remediation",
-    "tests/runbook",
-)
+# The modules whose tests share a package's fixture (its lab), by package: each package's listed
+# modules are one work unit. Checked by every worker against what it collected (check_shared).
+SHARED: dict[str, tuple[str, ...]] = {
+    "tests/components": (
+        "test_monitoring.py",
+        "test_nodepool.py",
+        "test_policy_digest.py",
+        "test_runner.py",
+        "test_slurm.py",
+        "test_stack.py",
+        "test_xid_watcher.py",
+    ),
+    "tests/k8s_runner": ("test_cordon_sync.py", "test_incluster.py", "test_rbac.py"),
+    "tests/lab": ("test_example_job.py", "test_lab_alerts.py", "test_lab_pool.py", "test_lab_slurm.py"),
+    "tests/nodes": ("test_real_nodes.py",),
+    "tests/packaging": ("test_collection.py", "test_version.py", "test_wheel.py"),
+    "tests/remediation": ("test_rem_journal_pg.py",),
+    "tests/runbook": (
+        "test_ladder.py",
+        "test_modules.py",
+        "test_playbooks.py",
+        "test_slurm_outage.py",
+        "test_warm_fence.py",
+    ),
+}
+_SHARED_BY_MODULE = {f"{pkg}/{mod}": pkg for pkg, mods in SHARED.items() for mod in mods}
 PORT_STRIDE = 10_000
 MAX_WORKERS = 3  # the third worker's blocks start at 1,400: a fourth would go below 1,024
 TIMES = cache_root().parent / "test-units.json"
@@ -64,9 +80,9 @@ def port_shift() -> int:
 
 
 def unit_of(nodeid: str) -> str:
-    """The test's package when it is SHARED, else the test's module."""
+    """The test's package when its module shares the package's fixture (SHARED), else its module."""
     module = nodeid.split("::", 1)[0]
-    return next((pkg for pkg in SHARED if module.startswith(f"{pkg}/")), module)
+    return _SHARED_BY_MODULE.get(module, module)
 
 
 def shared_scope(item: pytest.Item) -> str | None:
@@ -82,13 +98,20 @@ def shared_scope(item: pytest.Item) -> str | None:
 
 
 def check_shared(items: Iterable[pytest.Item]) -> None:
-    """Every package with a package-scoped fixture must be one unit, or two workers build its lab."""
-    missing = sorted({s for item in items if (s := shared_scope(item)) and s not in SHARED})
+    """Every module using a package-scoped fixture must be in SHARED, or two workers build its lab."""
+    missing = sorted(
+        {
+            f"{module} (uses a fixture of {scope})"
+            for item in items
+            if (scope := shared_scope(item))
+            and _SHARED_BY_MODULE.get(module := item.nodeid.split("::", 1)[0]) != scope
+        }
+    )
     if missing:
         # not UsageError: xdist does not show a worker's usage error, only that it stopped
         raise RuntimeError(
-            f"tests/workers.py: {', '.join(missing)} declare(s) a fixture of package or session scope;"
-            " add the package to SHARED so that one worker runs all its tests"
+            f"tests/workers.py: {', '.join(missing)}: add the module under its package in SHARED"
+            " so that one worker runs every test sharing that fixture"
         )
 
 

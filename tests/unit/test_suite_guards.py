@@ -89,16 +89,21 @@ def test_a_lab_needs_more_disk_for_each_real_node() -> None:
 # --- how `make test`'s workers share the suite (tests/workers.py) ---
 
 
-def test_a_shared_package_is_one_unit_and_every_other_module_its_own() -> None:
+def test_the_modules_sharing_a_packages_lab_are_one_unit_and_every_other_module_its_own() -> None:
     assert workers.unit_of("tests/runbook/test_modules.py::test_x[a]") == "tests/runbook"
-    assert workers.unit_of("tests/runbook/sub/test_y.py::T::test_z") == "tests/runbook"
+    assert workers.unit_of("tests/runbook/test_ladder.py::T::test_z") == "tests/runbook"
+    # a module of the same package that does not use its lab goes its own way (molecule has its own)
+    assert workers.unit_of("tests/runbook/test_molecule.py::t") == "tests/runbook/test_molecule.py"
     assert workers.unit_of("tests/unit/test_backoff.py::test_a") == "tests/unit/test_backoff.py"
-    assert workers.unit_of("tests/runbookish/test_a.py::t") == "tests/runbookish/test_a.py"
 
 
 def test_measured_unit_times_sum_every_phase_and_survive_a_round_trip(tmp_path: Path) -> None:
     times = workers.measured(
-        [("tests/lab/test_a.py::t", 1.0), ("tests/lab/test_b.py::t", 2.5), ("tests/unit/test_c.py::t", 0.25)]
+        [
+            ("tests/lab/test_lab_pool.py::t", 1.0),
+            ("tests/lab/test_lab_slurm.py::t", 2.5),
+            ("tests/unit/test_c.py::t", 0.25),
+        ]
     )
     assert times == {"tests/lab": 3.5, "tests/unit/test_c.py": 0.2}
     path = tmp_path / "cache" / "units.json"
@@ -123,8 +128,8 @@ def test_each_worker_moves_its_ports_below_the_blocks_and_refuses_a_fourth(
 
 
 def _tiny_suite(tmp_path: Path, shared: bool) -> None:
-    """Two packages: one whose tests share a package-scoped fixture (tests/lab, SHARED), another
-    module on its own; each test records the worker it ran on."""
+    """Two modules sharing a package-scoped fixture (tests/lab's, as SHARED lists them) and a module
+    on its own; each test records the worker it ran on."""
     # no __init__.py: the project's `tests` package (its conftest is the plugin) must stay importable
     for pkg in ("tests/lab", "tests/unit"):
         (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
@@ -137,7 +142,7 @@ def _tiny_suite(tmp_path: Path, shared: bool) -> None:
         "    with open(os.environ['RECORD'], 'a') as f:\n"
         "        f.write(name + ' ' + os.environ['PYTEST_XDIST_WORKER'] + '\\n')\n"
     )
-    for mod in ("test_a", "test_b"):
+    for mod in ("test_lab_pool", "test_lab_slurm"):
         tests = "".join(f"\ndef test_{i}(lab):\n    _mark('{mod}')\n" for i in range(3))
         (tmp_path / "tests/lab" / f"{mod}.py").write_text(body + tests)
     (tmp_path / "tests/unit/test_c.py").write_text(body + "\ndef test_c():\n    _mark('c')\n")
@@ -155,8 +160,8 @@ def test_two_workers_run_a_shared_package_on_one_worker(tmp_path: Path) -> None:
     )  # fmt: skip
     assert res.returncode == 0 and "7 passed" in res.stdout, res.stdout + res.stderr
     ran = [line.split() for line in record.read_text().splitlines()]
-    assert len({w for m, w in ran if m in ("test_a", "test_b")}) == 1, ran  # the lab's package
-    assert {m for m, _ in ran} == {"test_a", "test_b", "c"}
+    assert len({w for m, w in ran if m.startswith("test_lab")}) == 1, ran  # the lab's unit
+    assert {m for m, _ in ran} == {"test_lab_pool", "test_lab_slurm", "c"}
 
 
 def test_a_package_scoped_fixture_outside_the_table_stops_the_run_naming_it(
@@ -179,16 +184,16 @@ def test_a_package_scoped_fixture_outside_the_table_stops_the_run_naming_it(
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert res.returncode != 0, res.stdout
-    assert "tests/unit declare(s) a fixture of package or session scope" in res.stdout + res.stderr
+    assert "tests/unit/test_c.py (uses a fixture of tests/unit): add the module" in res.stdout + res.stderr
 
 
 def test_the_longest_units_go_first_keeping_each_units_own_order() -> None:
     ids = [
         "tests/unit/test_a.py::t1",
-        "tests/lab/test_x.py::t1",
+        "tests/lab/test_lab_pool.py::t1",
         "tests/unit/test_a.py::t2",
         "tests/e2e/test_demo.py::t",
-        "tests/lab/test_y.py::t2",
+        "tests/lab/test_lab_slurm.py::t2",
         "tests/unit/test_b.py::t",
     ]
     items = [cast(pytest.Item, SimpleNamespace(nodeid=i)) for i in ids]
@@ -196,8 +201,8 @@ def test_the_longest_units_go_first_keeping_each_units_own_order() -> None:
     workers.order(items, {"tests/e2e/test_demo.py": 300.0, "tests/lab": 40.0})
     assert [i.nodeid for i in items] == [
         "tests/e2e/test_demo.py::t",
-        "tests/lab/test_x.py::t1",
-        "tests/lab/test_y.py::t2",
+        "tests/lab/test_lab_pool.py::t1",
+        "tests/lab/test_lab_slurm.py::t2",
         "tests/unit/test_a.py::t1",
         "tests/unit/test_a.py::t2",
         "tests/unit/test_b.py::t",

@@ -19,7 +19,7 @@ from tests import budget, workers
 REPO = Path(__file__).resolve().parents[1]
 _STARTED = pytest.StashKey[float]()
 _VERDICT = pytest.StashKey[budget.Verdict]()
-_UNIT_TIMES = "autoheal_unit_times"  # the controller's measured unit times, handed to each worker
+_TIMES = "autoheal_test_times"  # the last whole run's seconds per module, handed to each worker
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -38,9 +38,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """xdist, in the controller: every worker orders the suite from the same unit times (read
+    """xdist, in the controller: every worker orders the suite from the same recorded times (read
     once here, so that a file written meanwhile cannot give two workers two orders)."""
-    node.workerinput[_UNIT_TIMES] = workers.load_times()
+    node.workerinput[_TIMES] = workers.load_times()
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -51,7 +51,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _is_worker(config):
         workers.check_shared(items)
-        workers.order(items, config.workerinput.get(_UNIT_TIMES, {}))  # type: ignore[attr-defined]
+        workers.order(items, config.workerinput.get(_TIMES, {}))  # type: ignore[attr-defined]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -11,8 +11,8 @@ forks): run in one process it kept 2 cores about half busy. Two workers run two 
   table; each worker checks it against the fixtures it collected and stops the run when a
   module using a package-scoped fixture is missing from it.
 - The longest units start first, so that no long unit is left to start last while the other
-  worker idles: their seconds in the last distributed whole run on this machine (TIMES, kept with
-  the other caches outside the clone), else their number of tests.
+  worker idles: the seconds of their modules in the last whole run on this machine (TIMES, kept
+  with the other caches outside the clone), else their number of tests.
 - Each worker shifts the suite's fixed port blocks (tests/support.port_base) by PORT_STRIDE per
   worker index, downwards: the blocks lie between 21,400 and 30,000 and the ephemeral range starts
   at 32,768, so only the range below is free for a second copy.
@@ -60,7 +60,7 @@ SHARED: dict[str, tuple[str, ...]] = {
 _SHARED_BY_MODULE = {f"{pkg}/{mod}": pkg for pkg, mods in SHARED.items() for mod in mods}
 PORT_STRIDE = 10_000
 MAX_WORKERS = 3  # the third worker's blocks start at 1,400: a fourth would go below 1,024
-TIMES = cache_root().parent / "test-units.json"
+TIMES = cache_root().parent / "test-times.json"
 _SHARED_SCOPES = ("package", "session")
 
 
@@ -134,7 +134,9 @@ def load_times(path: Path = TIMES) -> dict[str, float]:
         return {}
     if not isinstance(data, dict):
         return {}
-    return {str(k): float(v) for k, v in data.items() if isinstance(v, int | float)}
+    return {
+        str(k): float(v) for k, v in data.items() if isinstance(v, int | float) and str(k).endswith(".py")
+    }
 
 
 def save_times(times: dict[str, float], path: Path = TIMES) -> None:
@@ -144,22 +146,30 @@ def save_times(times: dict[str, float], path: Path = TIMES) -> None:
     tmp.replace(path)
 
 
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def order(items: list[pytest.Item], times: dict[str, float]) -> None:
-    """Put the longest units first, in place. Within a unit the order is kept (a module's tests
-    may build on each other)."""
+    """Put the longest units first, in place: a unit weighs the recorded seconds of its modules (a
+    module without a record: its number of tests). Within a unit the order is kept (a module's
+    tests may build on each other)."""
+    per_module: dict[str, int] = defaultdict(int)
+    for item in items:
+        per_module[_module(item.nodeid)] += 1
+    weight: dict[str, float] = defaultdict(float)
+    for module, n in per_module.items():
+        weight[unit_of(module)] += times.get(module, float(n))
     units = [unit_of(item.nodeid) for item in items]
-    count: dict[str, int] = defaultdict(int)
-    for unit in units:
-        count[unit] += 1
-    weight = {u: times.get(u, float(n)) for u, n in count.items()}
     first_seen = {u: i for i, u in reversed(list(enumerate(units)))}
     paired = sorted(zip(units, items, strict=True), key=lambda p: (-weight[p[0]], first_seen[p[0]]))
     items[:] = [item for _, item in paired]
 
 
 def measured(reports: Iterable[tuple[str, float]]) -> dict[str, float]:
-    """Seconds per unit from (node id, duration) of every setup, call and teardown."""
+    """Seconds per module (units are made of modules, and may be regrouped) from (node id,
+    duration) of every setup, call and teardown."""
     times: dict[str, float] = defaultdict(float)
     for nodeid, seconds in reports:
-        times[unit_of(nodeid)] += seconds
-    return {u: round(s, 1) for u, s in times.items()}
+        times[_module(nodeid)] += seconds
+    return {m: round(s, 1) for m, s in times.items()}

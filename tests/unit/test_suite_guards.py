@@ -105,7 +105,11 @@ def test_measured_unit_times_sum_every_phase_and_survive_a_round_trip(tmp_path: 
             ("tests/unit/test_c.py::t", 0.25),
         ]
     )
-    assert times == {"tests/lab": 3.5, "tests/unit/test_c.py": 0.2}
+    assert times == {
+        "tests/lab/test_lab_pool.py": 1.0,
+        "tests/lab/test_lab_slurm.py": 2.5,
+        "tests/unit/test_c.py": 0.2,
+    }
     path = tmp_path / "cache" / "units.json"
     workers.save_times(times, path)
     assert workers.load_times(path) == times
@@ -198,7 +202,13 @@ def test_the_longest_units_go_first_keeping_each_units_own_order() -> None:
     ]
     items = [cast(pytest.Item, SimpleNamespace(nodeid=i)) for i in ids]
     # measured seconds where known (the demo's one test is the longest), else the number of tests
-    workers.order(items, {"tests/e2e/test_demo.py": 300.0, "tests/lab": 40.0})
+    # the lab's unit weighs its two modules' records (20 + 20 s)
+    times = {
+        "tests/e2e/test_demo.py": 300.0,
+        "tests/lab/test_lab_pool.py": 20.0,
+        "tests/lab/test_lab_slurm.py": 20.0,
+    }
+    workers.order(items, times)
     assert [i.nodeid for i in items] == [
         "tests/e2e/test_demo.py::t",
         "tests/lab/test_lab_pool.py::t1",

@@ -22,6 +22,9 @@ _VERDICT = pytest.StashKey[budget.Verdict]()
 _TIMES = "autoheal_test_times"  # the last whole run's seconds per module, handed to each worker
 
 
+workers.export_port_offset()  # before any test module reads it
+
+
 def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 

@@ -2,7 +2,7 @@
 
 `AUTOHEAL_TEST_PORT_OFFSET` moves every fixed port block the suites use, so two checkouts can run
 their lab tests on one machine at the same time without fighting over loopback ports; each of
-`make test`'s workers moves them again (tests/workers.py).
+`make test`'s workers adds its own shift to it at its start (tests/workers.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.workers import port_shift
-
-PORT_OFFSET = int(os.environ.get("AUTOHEAL_TEST_PORT_OFFSET", "0")) + port_shift()
+PORT_OFFSET = int(os.environ.get("AUTOHEAL_TEST_PORT_OFFSET", "0"))
 
 
 def port_base(base: int) -> int:
-    """`base` shifted by $AUTOHEAL_TEST_PORT_OFFSET and the worker's shift."""
+    """`base` shifted by $AUTOHEAL_TEST_PORT_OFFSET (which holds the worker's shift too)."""
     return base + PORT_OFFSET
 
 

@@ -59,6 +59,10 @@ SHARED: dict[str, tuple[str, ...]] = {
 }
 _SHARED_BY_MODULE = {f"{pkg}/{mod}": pkg for pkg, mods in SHARED.items() for mod in mods}
 PORT_STRIDE = 10_000
+PORT_OFFSET_ENV = "AUTOHEAL_TEST_PORT_OFFSET"
+_EXPORTED = (
+    "AUTOHEAL_TEST_PORT_SHIFTED"  # a worker's own pytest runs (tests of these guards) shift no further
+)
 MAX_WORKERS = 3  # the third worker's blocks start at 1,400: a fourth would go below 1,024
 TIMES = cache_root().parent / "test-times.json"
 _SHARED_SCOPES = ("package", "session")
@@ -77,6 +81,17 @@ def worker_index() -> int:
 
 def port_shift() -> int:
     return -PORT_STRIDE * worker_index()
+
+
+def export_port_offset() -> None:
+    """Add this worker's shift to $AUTOHEAL_TEST_PORT_OFFSET, once, at the worker's start: the
+    suite's port blocks (tests/support.port_base) and what the tests start (a molecule scenario
+    reads the variable itself) then move together."""
+    shift = port_shift()
+    if shift and not os.environ.get(_EXPORTED):
+        base = int(os.environ.get(PORT_OFFSET_ENV, "0"))
+        os.environ[PORT_OFFSET_ENV] = str(base + shift)
+        os.environ[_EXPORTED] = "1"
 
 
 def unit_of(nodeid: str) -> str:

@@ -126,6 +126,12 @@ def test_each_worker_moves_its_ports_below_the_blocks_and_refuses_a_fourth(
     assert workers.port_shift() == -workers.PORT_STRIDE
     # the highest block (29,300) of the last worker stays clear of the ones below it, above 1,024
     assert 21_400 - workers.PORT_STRIDE * (workers.MAX_WORKERS - 1) > 1024
+    # the shift reaches what the worker starts through the variable, added once
+    monkeypatch.setenv(workers.PORT_OFFSET_ENV, "500")
+    monkeypatch.setenv(workers._EXPORTED, "")  # recorded, so the test leaves it as it was
+    workers.export_port_offset()
+    workers.export_port_offset()
+    assert os.environ[workers.PORT_OFFSET_ENV] == str(500 - workers.PORT_STRIDE)
     monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{workers.MAX_WORKERS}")
     with pytest.raises(pytest.UsageError, match="at most 3 workers"):
         workers.port_shift()

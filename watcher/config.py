@@ -10,7 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, mod
 
 from autoheal.errors import ValidationError
 from autoheal.names import validate_node_name
-from watcher.sources import POLL_SECONDS
 
 SourceKind = Literal["kmsg", "journald", "file"]
 
@@ -45,7 +44,7 @@ class WatcherConfig(BaseModel):
     max_pending: int = Field(default=4096, ge=16)
     retry_min_seconds: float = Field(default=0.2, gt=0)
     retry_max_seconds: float = Field(default=10.0, gt=0)
-    poll_seconds: float = Field(default=POLL_SECONDS, gt=0, le=5, description="file sources: how often")
+    poll_seconds: float = Field(default=0.02, gt=0, le=5, description="file sources: how often to look")
     gpu_refresh_seconds: float = Field(default=300.0, gt=0)
     post_timeout_seconds: float = Field(default=2.0, gt=0)
 

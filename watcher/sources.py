@@ -33,11 +33,6 @@ from typing import Any, Protocol
 
 from autoheal.kmsg import parse_record, strip_prefix
 
-# How often a file source (a kernel log file, the lab's simulated /dev/kmsg) looks for new lines;
-# the device itself wakes its reader. 0.1 s is a tenth of the watcher path's 1 s p99 target
-# (bench/detection.py); 0.02 s made each lab node's watcher the suite's busiest process family.
-POLL_SECONDS = 0.1
-
 log = logging.getLogger(__name__)
 Cursor = dict[str, Any]
 READ_CHUNK = 65536
@@ -93,7 +88,7 @@ class KmsgSource:
         cursor: Cursor | None,
         boot_id_file: Path,
         replay_seconds: float,
-        poll_seconds: float = POLL_SECONDS,
+        poll_seconds: float = 0.02,
     ) -> None:
         self.path = path
         self.saved = cursor if cursor and cursor.get("kind") == "kmsg" else None
@@ -214,7 +209,7 @@ class KmsgSource:
 class FileSource:
     """A text log followed like `tail -F` (syslog's kern.log, a dmesg dump being appended to)."""
 
-    def __init__(self, path: Path, cursor: Cursor | None, poll_seconds: float = POLL_SECONDS) -> None:
+    def __init__(self, path: Path, cursor: Cursor | None, poll_seconds: float = 0.02) -> None:
         self.path = path
         self.saved = cursor if cursor and cursor.get("kind") == "file" else None
         self.poll_seconds = poll_seconds
@@ -358,12 +353,12 @@ def open_source(kind: str, path: Path | None, cursor: Cursor | None, **opts: Any
             cursor,
             opts["boot_id_file"],
             opts["replay_seconds"],
-            opts.get("poll_seconds", POLL_SECONDS),
+            opts.get("poll_seconds", 0.02),
         )
     if kind == "file":
         if path is None:
             raise ValueError("source file: a --path is required")
-        return FileSource(path, cursor, opts.get("poll_seconds", POLL_SECONDS))
+        return FileSource(path, cursor, opts.get("poll_seconds", 0.02))
     if kind == "journald":
         return JournaldSource(cursor, opts["replay_seconds"], opts.get("journalctl", "journalctl"))
     raise ValueError(f"source: {kind!r} is not kmsg, journald or file")

@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 _STARTED = pytest.StashKey[float]()
 _VERDICT = pytest.StashKey[budget.Verdict]()
 _TIMES = "autoheal_test_times"  # the last whole run's seconds per module, handed to each worker
+_LOADED_TIMES = pytest.StashKey[dict[str, float]]()
 
 
 workers.export_port_offset()  # before any test module reads it
@@ -42,8 +43,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist, in the controller: every worker orders the suite from the same recorded times (read
-    once here, so that a file written meanwhile cannot give two workers two orders)."""
-    node.workerinput[_TIMES] = workers.load_times()
+    once, so that a file written meanwhile cannot give two workers two orders)."""
+    stash = node.config.stash
+    if _LOADED_TIMES not in stash:
+        stash[_LOADED_TIMES] = workers.load_times()
+    node.workerinput[_TIMES] = stash[_LOADED_TIMES]
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -94,9 +94,13 @@ def export_port_offset() -> None:
         os.environ[_EXPORTED] = "1"
 
 
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def unit_of(nodeid: str) -> str:
     """The test's package when its module shares the package's fixture (SHARED), else its module."""
-    module = nodeid.split("::", 1)[0]
+    module = _module(nodeid)
     return _SHARED_BY_MODULE.get(module, module)
 
 
@@ -119,7 +123,7 @@ def check_shared(items: Iterable[pytest.Item]) -> None:
             f"{module} (uses a fixture of {scope})"
             for item in items
             if (scope := shared_scope(item))
-            and _SHARED_BY_MODULE.get(module := item.nodeid.split("::", 1)[0]) != scope
+            and _SHARED_BY_MODULE.get(module := _module(item.nodeid)) != scope
         }
     )
     if missing:
@@ -159,10 +163,6 @@ def save_times(times: dict[str, float], path: Path = TIMES) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(dict(sorted(times.items())), indent=1))
     tmp.replace(path)
-
-
-def _module(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
 
 
 def order(items: list[pytest.Item], times: dict[str, float]) -> None:

@@ -5,7 +5,8 @@ A full disk fails late and far from its cause: the real nodes' kubelets evict ev
 their floor and taint themselves disk-pressure, so pods sit Pending or in ImagePullBackOff until a
 wait times out (a whole CI run was lost that way). What a run leaves behind that is safe to remove
 is named here, largest first: stopped labs' folders (each real node's image store is ~760 MB),
-and pytest's temporary folders of earlier runs.
+pytest's temporary folders of earlier runs, and the temporary folders of test runs that were
+killed before their end (tests/scratch.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoheal import proc as kernel
 from autoheal.errors import LabError
 from lab import procs
 
@@ -29,6 +31,12 @@ REAL_NODE_BYTES = 1 * GIB
 # The test suite at its peak: a real-node lab (3 nodes) and a pods lab beside the images it
 # builds and pytest's folders of the failed tests it keeps
 SUITE_BYTES = 8 * GIB
+
+# A test run's own temporary folder (tests/scratch.py): its path while the run lasts, the prefix of
+# its name under the system's temp dir, and the file in it holding its owner's PID
+SCRATCH_ENV = "AUTOHEAL_TEST_SCRATCH"
+SCRATCH_PREFIX = "autoheal-run-"
+SCRATCH_OWNER = "owner.pid"
 
 
 @dataclass(frozen=True)
@@ -72,13 +80,41 @@ def tree_size(path: Path) -> int:
     return total
 
 
+def system_temp() -> Path:
+    """The system's temp dir, also inside a test run (which points TMPDIR at its own folder)."""
+    scratch = os.environ.get(SCRATCH_ENV)
+    return Path(scratch).parent if scratch else Path(tempfile.gettempdir())
+
+
 def pytest_roots() -> list[Path]:
     """pytest's temporary roots of this user (it keeps earlier runs' folders there)."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         return []
-    return [Path(tempfile.gettempdir()) / f"pytest-of-{user}"]
+    return [system_temp() / f"pytest-of-{user}"]
+
+
+def scratch_owner() -> str:
+    """What a run writes into SCRATCH_OWNER: its PID and the PID's start time (a PID is reused)."""
+    return f"{os.getpid()} {kernel.start_ticks(os.getpid()) or 0}\n"
+
+
+def scratch_owner_alive(folder: Path) -> bool:
+    try:
+        pid, ticks = (int(x) for x in (folder / SCRATCH_OWNER).read_text().split())
+    except (OSError, ValueError):
+        return False
+    return kernel.is_same(pid, ticks)
+
+
+def stale_scratch() -> list[Path]:
+    """Test runs' temporary folders whose run is over (killed before it could remove its own)."""
+    found = []
+    for d in system_temp().glob(f"{SCRATCH_PREFIX}*"):
+        if d.is_dir() and not scratch_owner_alive(d):
+            found.append(d)
+    return found
 
 
 def leftovers(lab_roots: Iterable[Path], keep: Iterable[Path] = ()) -> list[Leftover]:
@@ -94,6 +130,7 @@ def leftovers(lab_roots: Iterable[Path], keep: Iterable[Path] = ()) -> list[Left
     for root in pytest_roots():
         if root.is_dir():
             candidates += [d for d in root.iterdir() if d.is_dir() and d.name.startswith("pytest-")]
+    candidates += stale_scratch()
     for d in candidates:
         if d.resolve() in kept or any(k.is_relative_to(d.resolve()) for k in kept):
             continue

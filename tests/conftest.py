@@ -1,10 +1,12 @@
 """Suite-wide guards: enough free disk before the first test, and the suite's time budget after the
-last (tests/budget.py says why and how the line is drawn); and how `make test`'s workers share the
-suite (tests/workers.py)."""
+last (tests/budget.py says why and how the line is drawn); how `make test`'s workers share the
+suite (tests/workers.py); and one temporary folder for the whole run, removed at its end
+(tests/scratch.py)."""
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -14,13 +16,14 @@ import pytest
 
 from autoheal.errors import LabError
 from lab import disk
-from tests import budget, workers
+from tests import budget, scratch, workers
 
 REPO = Path(__file__).resolve().parents[1]
 _STARTED = pytest.StashKey[float]()
 _VERDICT = pytest.StashKey[budget.Verdict]()
 _TIMES = "autoheal_test_times"  # the last whole run's seconds per module, handed to each worker
 _LOADED_TIMES = pytest.StashKey[dict[str, float]]()
+_SCRATCH = pytest.StashKey[Path]()
 
 
 workers.export_port_offset()  # before any test module reads it
@@ -28,6 +31,23 @@ workers.export_port_offset()  # before any test module reads it
 
 def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # before pytest makes its own temporary folder, and before xdist starts the workers (which
+    # inherit it)
+    path = scratch.enter()
+    if path is not None:
+        config.stash[_SCRATCH] = path
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = config.stash.get(_SCRATCH, None)
+    line = scratch.leave(path) if path is not None else None
+    if line:
+        print(line, file=sys.stderr)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

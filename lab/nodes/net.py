@@ -32,6 +32,8 @@ from autoheal.errors import LabError
 
 BLOCKS = range(200, 250)  # second octet of the candidate 10.X.0.0/16 blocks
 MAX_NODES = 250
+# Real nodes need root (network namespaces), and root has the FHS lock dir
+LOCK_DIR = Path("/run/lock") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir())
 
 
 def lab_id(run_dir: Path) -> str:
@@ -104,8 +106,9 @@ def _json(args: Sequence[str]) -> list[dict[str, object]]:
 
 @contextmanager
 def _alloc_lock() -> Iterator[None]:
-    """Two labs coming up at once must not pick the same block."""
-    with (Path(tempfile.gettempdir()) / "autoheal-netblocks.lock").open("w") as f:
+    """Two labs coming up at once must not pick the same block: the lock is the machine's, in its
+    lock dir, not in a temp dir that a test run points elsewhere (tests/scratch.py)."""
+    with (LOCK_DIR / "autoheal-netblocks.lock").open("w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

@@ -34,13 +34,16 @@ def test_a_bad_budget_setting_names_the_variable(monkeypatch: pytest.MonkeyPatch
         budget.budget_seconds()
 
 
-def _run_suite(tmp_path: Path, budget_s: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _run_suite(
+    tmp_path: Path, budget_s: str, *args: str, env: dict[str, str] | None = None, test: str = ""
+) -> subprocess.CompletedProcess[str]:
     """A tiny suite with the project's guards (tests/conftest.py as a plugin) and testpaths."""
     (tmp_path / "t").mkdir(exist_ok=True)
-    (tmp_path / "t" / "test_x.py").write_text("import time\n\ndef test_a():\n    time.sleep(0.3)\n")
+    test = test or "import time\n\ndef test_a():\n    time.sleep(0.3)\n"
+    (tmp_path / "t" / "test_x.py").write_text(test)
     (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = t\n")
     env = {
-        **os.environ,
+        **(os.environ if env is None else env),
         "PYTHONPATH": str(REPO),
         "AUTOHEAL_SUITE_BUDGET_SECONDS": budget_s,
         "AUTOHEAL_CACHE": str(tmp_path),  # its unit times are not the suite's
@@ -80,6 +83,58 @@ def test_too_little_disk_is_refused_naming_what_to_clean(tmp_path: Path) -> None
     msg = str(err.value)
     assert msg.startswith("lab 'x' needs ~") and str(tmp_path) in msg, msg
     assert f"{labs / 'old-lab'} (0.0 GiB)" in msg and "autoheal lab down" in msg, msg
+
+
+SCRATCH_TEST = """
+import os, subprocess, sys, tempfile
+
+def test_b():
+    fd, path = tempfile.mkstemp(prefix="left-")
+    # a child process (a lab daemon, a play) puts its files in the same folder
+    child = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.mkdtemp())"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.environ["SCRATCH_REPORT"], "w") as f:  # outside the folder: the test reads it
+        f.write(" ".join([path, child, os.environ["ANSIBLE_LOCAL_TEMP"]]))
+    assert path.startswith(os.environ["AUTOHEAL_TEST_SCRATCH"] + "/")
+    assert child.startswith(os.environ["AUTOHEAL_TEST_SCRATCH"] + "/")
+"""
+
+
+def test_a_run_keeps_its_temporary_files_in_one_folder_that_its_end_removes(tmp_path: Path) -> None:
+    system_tmp = tmp_path / "systmp"
+    system_tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in (disk.SCRATCH_ENV, "ANSIBLE_LOCAL_TEMP")}
+    env.update(TMPDIR=str(system_tmp), SCRATCH_REPORT=str(tmp_path / "files"))
+    # two workers: they, and what they start, use the folder their controller made
+    res = _run_suite(tmp_path, "600", "-n", "2", env=env, test=SCRATCH_TEST)
+    assert res.returncode == 0, res.stdout + res.stderr
+    files = (tmp_path / "files").read_text().split()
+    assert len(files) == 3 and not any(Path(f).exists() for f in files), files
+    assert all(f.startswith(f"{system_tmp}/{disk.SCRATCH_PREFIX}") for f in files), files
+    assert list(system_tmp.iterdir()) == []  # pytest's own folders went with it
+    kept = _run_suite(tmp_path, "600", env={**env, "AUTOHEAL_KEEP_TMP": "1"}, test=SCRATCH_TEST)
+    assert kept.returncode == 0 and "is kept (AUTOHEAL_KEEP_TMP=1)" in kept.stderr, kept.stderr
+    assert [d.name[: len(disk.SCRATCH_PREFIX)] for d in system_tmp.iterdir()] == [disk.SCRATCH_PREFIX]
+
+
+def test_a_killed_runs_folder_is_a_leftover_and_a_live_runs_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv(disk.SCRATCH_ENV, raising=False)
+    monkeypatch.setattr("tempfile.tempdir", None)
+    live, dead = tmp_path / f"{disk.SCRATCH_PREFIX}live", tmp_path / f"{disk.SCRATCH_PREFIX}dead"
+    for d in (live, dead):
+        d.mkdir()
+        (d / "payload").write_bytes(b"\0" * (2 << 20))
+    (live / disk.SCRATCH_OWNER).write_text(disk.scratch_owner())
+    (dead / disk.SCRATCH_OWNER).write_text(f"{os.getpid()} 1\n")  # this PID, another start: reused
+    assert disk.stale_scratch() == [dead]
+    assert [x.path for x in disk.leftovers([])] == [dead]
+    # inside a run, the system's temp dir is its folder's parent
+    monkeypatch.setenv(disk.SCRATCH_ENV, str(live))
+    monkeypatch.setenv("TMPDIR", str(live))
+    assert disk.system_temp() == tmp_path and disk.stale_scratch() == [dead]
 
 
 def test_a_lab_needs_more_disk_for_each_real_node() -> None:

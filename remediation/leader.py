@@ -154,6 +154,11 @@ class LeaseElector:
     def is_leader(self) -> bool:
         return self._term is not None
 
+    @property
+    def renewed_at(self) -> float:
+        """When this replica last won or renewed the Lease, by its own clock (0: never)."""
+        return self._renewed_at
+
     # one round --------------------------------------------------------------------------------
     def _spec(self, transitions: int, acquired: float | None, renewed: float) -> dict[str, Any]:
         spec: dict[str, Any] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -15,8 +15,10 @@ from rich.table import Table
 from autoheal.cli import JsonOpt
 from autoheal.imagelock import LOCK_FILE, write_lock
 from autoheal.paths import data_root
-from images.build import BuiltImage, build
 from images.recipes import RECIPES
+
+if TYPE_CHECKING:  # the builder is imported by the build command, not by every `autoheal` command
+    from images.build import BuiltImage
 
 console = Console(stderr=True)
 out = Console()
@@ -80,6 +82,8 @@ def images_build(
     """Build the images (cached: only a changed input rebuilds), optionally push them, and record
     their references by digest in the lock file the stack defaults to."""
     lock_path = lock or default_lock()  # before a build of minutes: no data root fails now
+    from images.build import build
+
     imgs = build(image, lambda m: console.print(f"[dim]images[/dim] {m}"), rebuild=rebuild)
     pushed: dict[str, str] = {}
     if push:

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from autoheal.cli import JsonOpt
 from autoheal.errors import AutohealError, ConfigError
-from lab import lab as labmod
-from lab.config import LabConfig, PoolConfig
-from lab.poolapi import PoolApi
+
+# Every `autoheal` command loads every plugin's commands: the lab's modules are imported by the lab
+# commands that run, not by `autoheal pause`.
+if TYPE_CHECKING:
+    from lab import lab as labmod
+    from lab.config import LabConfig
+    from lab.poolapi import PoolApi
 
 console = Console(stderr=True)
 out = Console()
@@ -37,6 +40,10 @@ def _progress(msg: str) -> None:
 
 def _lab_config(**kw: object) -> LabConfig:
     """LabConfig from the options; a combination it refuses is one line naming the field and fix."""
+    from pydantic import ValidationError
+
+    from lab.config import LabConfig
+
     try:
         return LabConfig(**kw)  # type: ignore[arg-type]
     except ValidationError as exc:
@@ -97,6 +104,9 @@ def lab_up(
     slurm: SlurmOpt = "host",
 ) -> None:
     """Start the lab (idempotent: a running lab is left as it is)."""
+    from lab import lab as labmod
+    from lab.config import PoolConfig
+
     kw: dict[str, object] = {}
     if root is not None:
         kw["root"] = root
@@ -124,6 +134,8 @@ def lab_up(
 @lab_app.command("status")
 def lab_status(name: NameOpt = "default", root: RootOpt = None, json_: JsonOpt = False) -> None:
     """Show every lab service and whether it is healthy (exit 1 if not)."""
+    from lab import lab as labmod
+
     st = labmod.status(labmod.require(name, root))
     _print_status(st, json_)
     raise typer.Exit(0 if st.healthy else 1)
@@ -146,6 +158,7 @@ def _print_status(st: labmod.LabStatus, as_json: bool) -> None:
 def lab_down(name: NameOpt = "default", root: RootOpt = None) -> None:
     """Stop every process the lab caused: its Slurm jobs (and their job steps), then its services
     by PID (a no-op when nothing runs)."""
+    from lab import lab as labmod
     from lab.config import load_lab
 
     cfg = load_lab(name, root)
@@ -163,6 +176,8 @@ def lab_logs(
     lines: int = 40,
 ) -> None:
     """List the lab's log files, or print the tail of one."""
+    from lab import lab as labmod
+
     files = labmod.logs(labmod.require(name, root))
     if service is None:
         for svc, path in files.items():
@@ -188,6 +203,8 @@ def lab_inject(
 ) -> None:
     """Raise an XID on a simulated GPU (or clear it with --clear); the node's kernel log gets the
     driver's line either way."""
+    from lab import lab as labmod
+
     if clear == (xid is not None):
         raise AutohealError("give exactly one of --xid N or --clear")
     labmod.inject(labmod.require(name, root), node, gpu, None if clear else xid, vanish=vanish)
@@ -218,6 +235,7 @@ def lab_demo(
     json_: JsonOpt = False,
 ) -> None:
     """A GPU dies during training and the job resumes by itself: the whole story, measured."""
+    from lab.config import PoolConfig
     from lab.demo import run_demo
 
     kw: dict[str, object] = {"root": root} if root else {}
@@ -258,6 +276,9 @@ TokenFileOpt = Annotated[
 
 def _api(name: str, root: Path | None, url: str | None, token_file: Path | None) -> PoolApi:
     """The pool API of the named lab (loopback, from its lab.json), or the one at --url."""
+    from lab import lab as labmod
+    from lab.poolapi import PoolApi
+
     if url is not None:
         return PoolApi.remote(url, token_file)
     return PoolApi.of_lab(labmod.require(name, root))
@@ -398,6 +419,9 @@ def pool_faults(
     root: RootOpt = None,
 ) -> None:
     """Inject faults of the recovery ladder itself (tests and drills)."""
+    from lab import lab as labmod
+    from lab.poolapi import PoolApi
+
     _ladder_call(
         PoolApi.of_lab(labmod.require(name, root)),
         node,

@@ -9,7 +9,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,9 +17,13 @@ from rich.table import Table
 from rich.text import Text
 
 from autoheal.errors import AutohealError
-from remediation.config import RunnerConfig, load_config
-from remediation.journal import STATES, Journal
-from remediation.states import IncidentState
+from remediation.states import STATES, IncidentState
+
+# Every `autoheal` command loads every plugin's commands: the runner's config and journal (pydantic
+# models, the PostgreSQL driver) are imported by the commands that use them, not by `autoheal lab`.
+if TYPE_CHECKING:
+    from remediation.config import RunnerConfig
+    from remediation.journal import Journal
 
 ConfigOpt = Annotated[
     Path,
@@ -41,6 +45,8 @@ def _fail(msg: str) -> typer.Exit:
 
 
 def _config(path: Path) -> RunnerConfig:
+    from remediation.config import load_config
+
     try:
         return load_config(path)
     except AutohealError as exc:
@@ -48,6 +54,8 @@ def _config(path: Path) -> RunnerConfig:
 
 
 def _journal(path: Path) -> Journal:
+    from remediation.journal import Journal
+
     cfg = _config(path)
     try:
         return Journal.configured(cfg.journal_path, cfg.journal_dsn)
@@ -276,6 +284,7 @@ def run(
     as_json: JsonOpt = False,
 ) -> None:
     """Run a play by hand for one node, recorded in the journal like any incident."""
+    from remediation.journal import Journal
     from remediation.manual import run_by_hand
 
     cfg = _config(config)

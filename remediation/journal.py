@@ -39,7 +39,6 @@ from remediation.states import (
 )
 
 log = logging.getLogger(__name__)
-STATES: tuple[str, ...] = tuple(s.value for s in IncidentState)
 # Called with (incident id, current state, refused state) when a transition is refused; the
 # runtime points it at the autoheal_illegal_transitions_total counter.
 IllegalHook = Callable[[str, IncidentState, IncidentState], None]

@@ -42,6 +42,7 @@ class IncidentState(StrEnum):
         return self in OPEN_STATES
 
 
+STATES: tuple[str, ...] = tuple(s.value for s in IncidentState)  # the words, as the CLI takes them
 OPEN_STATES: tuple[IncidentState, ...] = (
     IncidentState.PENDING,
     IncidentState.ADMITTED,

@@ -13,9 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
-
-from watcher.config import WatcherConfig
 
 # config fields whose command-line option is named differently
 OPTION_OF = {
@@ -87,6 +84,11 @@ def watch(
         "resend_seconds": resend_seconds,
         "alert_hold_seconds": hold_seconds,
     }
+    # imported here, not by every `autoheal` command (the watcher runs its own process)
+    from pydantic import ValidationError
+
+    from watcher.config import WatcherConfig
+
     try:
         cfg = WatcherConfig.model_validate(raw)
     except ValidationError as exc:

@@ -14,6 +14,7 @@ import images.cli as images_cli
 import images.push
 from autoheal.errors import ConfigError
 from autoheal.imagelock import LOCK_FILE, pinned_by_digest, read_lock, write_lock
+from images import build as images_build
 from images.build import BuiltImage
 
 DIGEST = {n: f"sha256:{c * 64}" for n, c in (("pause", "1"), ("slurm", "2"), ("runner", "3"))}
@@ -105,7 +106,7 @@ def fake_build(monkeypatch: pytest.MonkeyPatch) -> list[list[str] | None]:
         asked.append(names)
         return [i for i in IMGS if not names or i.name in names]
 
-    monkeypatch.setattr(images_cli, "build", build)
+    monkeypatch.setattr(images_build, "build", build)  # the command imports it when it runs
     return asked
 
 

@@ -35,7 +35,7 @@ SUITE_BYTES = 8 * GIB
 # A test run's own temporary folder (tests/scratch.py): its path while the run lasts, the prefix of
 # its name under the system's temp dir, and the file in it holding its owner's PID
 SCRATCH_ENV = "AUTOHEAL_TEST_SCRATCH"
-SCRATCH_PREFIX = "autoheal-run-"
+SCRATCH_PREFIX = "ahrun-"  # short: the labs' UNIX socket paths under it must fit 108 bytes
 SCRATCH_OWNER = "owner.pid"
 
 

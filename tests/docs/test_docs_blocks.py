@@ -152,7 +152,9 @@ def _script(root: Path, blocks: list[Block]) -> str:
     for b in blocks:
         parts += [
             f"echo '@@start {b.doc.name} {b.line}'",
-            b.code.rstrip("\n"),
+            # what a block writes under /tmp goes to the run's temporary folder (TMPDIR,
+            # tests/scratch.py), which the run removes: nothing a run creates outlives it
+            b.code.rstrip("\n").replace("/tmp/", '"${TMPDIR:-/tmp}"/'),
             f'echo "@@block {b.doc.name} {b.line} $SECONDS"',
         ]
         parts.append(reup)

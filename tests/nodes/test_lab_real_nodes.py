@@ -28,7 +28,11 @@ def _nodes(cfg: LabConfig) -> dict[str, dict]:
 
 
 def _ready(n: dict) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])
+    """Ready, and the node lifecycle controller has taken its not-ready taint off (it does so
+    after the Ready condition turns True, not with it)."""
+    lifecycle = [t for t in n["spec"].get("taints") or [] if t["key"].startswith("node.kubernetes.io/")]
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])
+    return ready and not lifecycle
 
 
 def _is_real(n: dict) -> bool:

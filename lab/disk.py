@@ -110,11 +110,7 @@ def scratch_owner_alive(folder: Path) -> bool:
 
 def stale_scratch() -> list[Path]:
     """Test runs' temporary folders whose run is over (killed before it could remove its own)."""
-    found = []
-    for d in system_temp().glob(f"{SCRATCH_PREFIX}*"):
-        if d.is_dir() and not scratch_owner_alive(d):
-            found.append(d)
-    return found
+    return [d for d in system_temp().glob(f"{SCRATCH_PREFIX}*") if d.is_dir() and not scratch_owner_alive(d)]
 
 
 def leftovers(lab_roots: Iterable[Path], keep: Iterable[Path] = ()) -> list[Leftover]:

@@ -35,6 +35,9 @@ POLICY_WAIVER_ANNOTATION: Final = f"{DOMAIN}/policy-waiver"
 REMEDIATION_ANNOTATION: Final = f"{DOMAIN}/remediation"
 STATE_DIR_ANNOTATION: Final = f"{DOMAIN}/state-dir"
 TOKEN_SECRET_ANNOTATION: Final = f"{DOMAIN}/token-secret"
+# On a device plugin's DaemonSet: the extended resource its pods advertise on the nodes they run on
+# (lab.schedulable gives a node that resource only where such a pod was scheduled).
+ADVERTISES_ANNOTATION: Final = f"{DOMAIN}/advertises"
 
 # --- the objects the Pulumi components declare (the policy pack and the review read them) ------
 # Kubernetes' recommended labels, on every object of ours; COMPONENT_LABEL tells the policy pack

@@ -31,7 +31,7 @@ import shutil
 import socket
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -94,6 +94,9 @@ class KubeNodeSpec:
     cpu: str = "192"
     memory: str = "2048Gi"
     pods: int = 110
+    # What the kubelet keeps for itself, as a cloud node's allocatable (None: all of capacity);
+    # the resources not named here are allocatable in full.
+    allocatable: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -750,7 +753,8 @@ def node_manifest(spec: KubeNodeSpec) -> dict[str, Any]:
         "spec": {"taints": taints} if taints else {},
         "status": {
             "capacity": capacity,
-            "allocatable": dict(capacity),  # nodeInfo etc. come from KWOK's initialize stage
+            # nodeInfo etc. come from KWOK's initialize stage
+            "allocatable": {**capacity, **(spec.allocatable or {})},
         },
     }
 

@@ -32,7 +32,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="CHECK",
-        help=f"accept that CHECK does not run ({', '.join(CHECKS)}, preview:<stack>)",
+        help=f"accept that CHECK does not run ({', '.join(CHECKS)}, preview:<stack>, schedule:<stack>)",
     )
     p.add_argument(
         "--approve",

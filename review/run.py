@@ -1,7 +1,8 @@
 """One review from start to verdict: which stacks the change touches, every check, the findings.
 
 Checks, by the name `--allow-skip` takes: `preview:<stack>` for each stack touched (`preview`
-for all of them), `lint`, `monitoring`, `dryrun`. Each ends passed, failed, not run (a failure
+for all of them), `schedule:<stack>` (the stack's pods proven to bind, lab.schedulable), `lint`,
+`monitoring`, `dryrun`. Each ends passed, failed, not run (a failure
 of the review) or skipped (not run, allowed by the reviewer).
 """
 
@@ -19,7 +20,7 @@ from review.model import CannotRun, CheckResult, Review, StackPreview, Status
 from review.report import plan_summary
 from review.stacks import Sides, Target, preview_stack
 
-CHECKS = ("preview", "lint", "monitoring", "dryrun")
+CHECKS = ("preview", "schedule", "lint", "monitoring", "dryrun")
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,9 @@ class _Run:
         detail += [f"error: {result.errors[0][:200]}"] if result.errors else []
         return not (mandatory or result.errors), "; ".join(detail)
 
+    def schedule(self, stack: str) -> tuple[bool, str]:
+        return tools.schedulable(self.sides.head, stack, self.opts.env)
+
     def lint(self) -> tuple[bool, str]:
         ok, self.review.lint = tools.ansible_lint(self.sides.head, self.opts.env)
         return ok, f"{len(self.review.lint)} findings"
@@ -122,7 +126,7 @@ def _stacks(opts: Options, head: Path, files: Sequence[str]) -> dict[str, list[s
 
 
 def _check_names(opts: Options, stacks: Collection[str]) -> None:
-    valid = set(CHECKS) | {f"preview:{s}" for s in changes.stacks_in(opts.repo)}
+    valid = set(CHECKS) | {f"{c}:{s}" for c in ("preview", "schedule") for s in changes.stacks_in(opts.repo)}
     bad = sorted(set(opts.allow_skip) - valid)
     if bad:
         raise UsageError(f"--allow-skip {', '.join(bad)}: not a check (checks: {', '.join(sorted(valid))})")
@@ -153,6 +157,10 @@ def run_review(opts: Options, work: Path) -> Review:
                     partial(run.preview, stack, why),
                 )
             )
+    if "schedule" in opts.only:
+        for stack in stacks:
+            title = f"`{stack}`'s pods bind on nodes shaped like its own (KWOK, real scheduler)"
+            plan.append((f"schedule:{stack}", title, partial(run.schedule, stack)))
     plan += [
         ("lint", "ansible-lint of playbooks/ and roles/", run.lint),
         ("monitoring", "promtool / amtool on monitoring/", run.monitoring),

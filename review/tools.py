@@ -96,3 +96,29 @@ def monitoring(project: Path, env: Mapping[str, str]) -> list[str]:
             words = (res.stdout + res.stderr).strip().splitlines()[-5:]
             failures.append(f"{Path(argv[0]).name} {' '.join(argv[1:3])}: " + " / ".join(words))
     return failures
+
+
+def schedulable(project: Path, stack: str, env: Mapping[str, str]) -> tuple[bool, str]:
+    """`autoheal lab schedulable` on the change's stack (the proof lives in the lab, a sibling
+    layer: run, not imported): (schedulable, its findings in one line)."""
+    autoheal = _tool("autoheal", env, "pip install -e .")
+    res = subprocess.run(
+        [autoheal, "lab", "schedulable", "--stack", stack, "--project", str(project), "--json"],
+        cwd=project,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    try:
+        report = json.loads(res.stdout)
+    except json.JSONDecodeError as exc:
+        tail = (res.stdout + res.stderr).strip()[-500:]
+        raise RuntimeError(
+            f"autoheal lab schedulable printed no report (exit {res.returncode}): {tail}"
+        ) from exc
+    pods = report["pods"]
+    findings = [f"{f['object']}: {f['problem']}" for f in report["findings"]]
+    summary = f"{pods['bound']} of {pods['total']} pods bound"
+    return bool(report["ok"]), "; ".join([summary, *findings[:10]])

@@ -612,11 +612,10 @@ def _verdict(http: httpx.Client, report: Report, pods: Sequence[Mapping[str, Any
 
 
 def record_stack(project: Path, stack: str, out: Path) -> list[dict[str, Any]]:
-    """Run the stack's program under Pulumi mocks (review/mockstack.py, as a script: the review is
-    a sibling layer) and return what it declares."""
-    script = project / "review" / "mockstack.py"
+    """Run the stack's program under Pulumi mocks (review.mockstack, as a module run: the review
+    is a sibling layer) with `project`'s code first on the path, and return what it declares."""
     res = subprocess.run(
-        [sys.executable, str(script), str(project), stack, str(out)],
+        [sys.executable, "-m", "review.mockstack", str(project), stack, str(out)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -281,6 +281,9 @@ class StackSpec(_Model):
     monitoring: MonitoringSpec = MonitoringSpec()
     runner: RunnerSpec = RunnerSpec()
     wait_for_rollout: bool = Field(default=True, alias="waitForRollout")
+    # `pulumi up` checks the cluster first (components/preflight.py); false only where the
+    # cluster runs no pods by design (the KWOK lab: no storage provisioner, no real node)
+    preflight: bool = True
 
     @model_validator(mode="after")
     def _unique_pools(self) -> StackSpec:
@@ -300,7 +303,7 @@ class StackSpec(_Model):
 
 # Top-level keys and whether Pulumi passes them as JSON (objects, arrays) or as plain strings.
 STRUCTURED_KEYS = ("cluster", "pools", "slurm", "monitoring", "runner")
-SCALAR_KEYS = ("namespace", "waitForRollout")
+SCALAR_KEYS = ("namespace", "waitForRollout", "preflight")
 
 _EXPECTED = {
     "int_type": "an integer",

@@ -438,7 +438,8 @@ def check_kubelet_versions(view: ClusterView) -> Check:
         return Check(
             "kubelet versions",
             "warn",
-            f"not a kubelet version: {_names(unknown)} (simulated nodes?); others: {summary}",
+            f"not a kubelet version: {_names(unknown)} (simulated nodes?)"
+            + (f"; all: {summary}" if len(unknown) < len(view.nodes) else ""),
             "",
         )
     return Check("kubelet versions", "pass", summary)

@@ -21,6 +21,9 @@ QUARANTINED: Final = "quarantined"  # the value of STATE_LABEL the fence sets
 OPT_OUT_LABEL: Final = f"{DOMAIN}/opt-out"  # on a node or a pod: fence only, no drain/replace
 GPU_MODEL_LABEL: Final = f"{DOMAIN}/gpu-model"
 ALERTMANAGER_CONFIG_LABEL: Final = f"{DOMAIN}/alertmanager-config"
+# on the nodes of the stack's own system node group (EKS): where slurmctld, login and the runner run
+ROLE_LABEL: Final = f"{DOMAIN}/role"
+SYSTEM_ROLE: Final = "system"  # ROLE_LABEL's value on system nodes (never drained by the runbook)
 
 # --- taints ----------------------------------------------------------------------------------
 QUARANTINE_TAINT_KEY: Final = f"{DOMAIN}/quarantine"  # NoSchedule: PDBs and grace periods still rule

@@ -25,6 +25,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.common import base_labels, child
+from components.eks import addons
+from components.eks.iam import IamRole, Oidc, oidc_provider, service_role
+from components.eks.nodegroups import SystemNodeGroupArgs, system_node_group
 
 Backend = Literal["kubeconfig", "eks"]
 
@@ -46,6 +49,8 @@ class EksArgs:
     endpoint_public_access: bool = True
     public_access_cidrs: Sequence[str] = ()
     tags: dict[str, str] = field(default_factory=dict)
+    system_node_group: SystemNodeGroupArgs = field(default_factory=SystemNodeGroupArgs)
+    oidc_thumbprints: Sequence[str] = ()  # none: IAM checks the issuer's certificate itself
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,15 @@ class EksCluster:
     node_role_arn: pulumi.Output[str]
     subnet_ids: Sequence[str]
     aws_provider: pulumi.ProviderResource
+    region: str = ""
+    tags: dict[str, str] = field(default_factory=dict)
+    oidc: Oidc | None = None  # the cluster's OIDC provider (IRSA)
+    vpc_id: pulumi.Output[str] | None = None
+    security_group_id: pulumi.Output[str] | None = None  # the cluster security group (every node's)
+    # what a node group waits for: the networking add-ons its nodes need to become Ready
+    node_dependencies: Sequence[pulumi.Resource] = ()
+    # the system node group (CoreDNS and add-on controllers wait for it)
+    system_node_group: pulumi.Resource | None = None
 
 
 class KubernetesCluster(pulumi.ComponentResource):
@@ -117,18 +131,19 @@ class KubernetesCluster(pulumi.ComponentResource):
         )
 
     def _eks(self, name: str, eks_args: EksArgs, mutable_config_maps: bool) -> k8s.Provider:
-        """An EKS control plane and its node role; the Kubernetes provider talks to it."""
+        """An EKS control plane, its node role, OIDC provider, system node group and add-ons; the
+        Kubernetes provider talks to it."""
         import pulumi_aws as aws  # big package: imported only when an EKS stack asks for it
 
         aws_provider = aws.Provider(f"{name}-aws", region=eks_args.region, opts=child(self))
         aws_opts = child(self, provider=aws_provider)
-        cluster_role = _iam_role(
-            aws, f"{name}-cluster-role", "eks.amazonaws.com", _EKS_CLUSTER_POLICIES, eks_args, aws_opts
+        tags = eks_args.tags
+        cluster_role = service_role(
+            f"{name}-cluster-role", "eks.amazonaws.com", _EKS_CLUSTER_POLICIES, tags, aws_opts
         )
         cluster = self._eks_cluster(aws, name, eks_args, cluster_role, aws_opts)
-        node_role = _iam_role(
-            aws, f"{name}-node-role", "ec2.amazonaws.com", _EKS_NODE_POLICIES, eks_args, aws_opts
-        )
+        node_role = service_role(f"{name}-node-role", "ec2.amazonaws.com", _EKS_NODE_POLICIES, tags, aws_opts)
+        self.eks = self._eks_platform(name, eks_args, cluster, node_role, aws_provider)
         # The kubeconfig holds no credential (it execs `aws eks get-token`) but is kept secret
         # anyway; secrecy flows from one secret input of Output.all to the result.
         kubeconfig: pulumi.Output[str] = pulumi.Output.all(
@@ -137,12 +152,6 @@ class KubernetesCluster(pulumi.ComponentResource):
             cluster.certificate_authority,
             pulumi.Output.secret(eks_args.region),
         ).apply(lambda a: _eks_kubeconfig(a[0], a[1], a[2], a[3]))
-        self.eks = EksCluster(
-            cluster_name=cluster.name,
-            node_role_arn=node_role.role.arn,
-            subnet_ids=eks_args.subnet_ids,
-            aws_provider=aws_provider,
-        )
         return k8s.Provider(
             f"{name}-k8s",
             kubeconfig=kubeconfig,
@@ -151,8 +160,53 @@ class KubernetesCluster(pulumi.ComponentResource):
             opts=child(self),
         )
 
+    def _eks_platform(
+        self, name: str, eks_args: EksArgs, cluster: Any, node_role: IamRole, aws_provider: Any
+    ) -> EksCluster:
+        """What nodes and pods need beyond the control plane: the OIDC provider (IRSA), the
+        networking add-ons, the system node group, and CoreDNS on it."""
+        aws_opts = child(self, provider=aws_provider)
+        tags = eks_args.tags
+        issuer = cluster.identities[0].oidcs[0].issuer
+        oidc = oidc_provider(f"{name}-oidc", issuer, eks_args.oidc_thumbprints, tags, aws_opts)
+        network = [
+            addons.addon(f"{name}-addon-{a}", cluster.name, a, tags, aws_opts) for a in addons.NETWORK_ADDONS
+        ]
+        system = system_node_group(
+            f"{name}-system-nodegroup",
+            cluster.name,
+            node_role.role.arn,
+            eks_args.subnet_ids,
+            eks_args.system_node_group,
+            tags,
+            pulumi.ResourceOptions.merge(
+                aws_opts, pulumi.ResourceOptions(depends_on=[*node_role.attachments, *network])
+            ),
+        )
+        addons.addon(
+            f"{name}-addon-{addons.DNS_ADDON}",
+            cluster.name,
+            addons.DNS_ADDON,
+            tags,
+            aws_opts,
+            depends_on=[system],
+        )
+        return EksCluster(
+            cluster_name=cluster.name,
+            node_role_arn=node_role.role.arn,
+            subnet_ids=eks_args.subnet_ids,
+            aws_provider=aws_provider,
+            region=eks_args.region,
+            tags=dict(tags),
+            oidc=oidc,
+            vpc_id=cluster.vpc_config.vpc_id,
+            security_group_id=cluster.vpc_config.cluster_security_group_id,
+            node_dependencies=[*node_role.attachments, *network],
+            system_node_group=system,
+        )
+
     def _eks_cluster(
-        self, aws: Any, name: str, eks_args: EksArgs, role: _IamRole, aws_opts: pulumi.ResourceOptions
+        self, aws: Any, name: str, eks_args: EksArgs, role: IamRole, aws_opts: pulumi.ResourceOptions
     ) -> Any:
         return aws.eks.Cluster(
             f"{name}-eks",
@@ -171,44 +225,6 @@ class KubernetesCluster(pulumi.ComponentResource):
             tags=eks_args.tags,
             opts=pulumi.ResourceOptions.merge(aws_opts, pulumi.ResourceOptions(depends_on=role.attachments)),
         )
-
-
-@dataclass(frozen=True)
-class _IamRole:
-    role: Any
-    attachments: list[Any]
-
-
-def _iam_role(
-    aws: Any,
-    name: str,
-    service: str,
-    policies: Sequence[str],
-    eks_args: EksArgs,
-    opts: pulumi.ResourceOptions,
-) -> _IamRole:
-    """An IAM role `service` may assume, with the AWS managed policies attached."""
-    role = aws.iam.Role(name, assume_role_policy=_assume_role_policy(service), tags=eks_args.tags, opts=opts)
-    attachments = [
-        aws.iam.RolePolicyAttachment(f"{name}-{i}", role=role.name, policy_arn=arn, opts=opts)
-        for i, arn in enumerate(policies)
-    ]
-    return _IamRole(role, attachments)
-
-
-def _assume_role_policy(service: str) -> str:
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Effect": "Allow",
-                    "Principal": {"Service": service},
-                    "Action": "sts:AssumeRole",
-                }
-            ],
-        }
-    )
 
 
 def _eks_kubeconfig(cluster_name: str, endpoint: str, ca: Any, region: str) -> str:

@@ -17,7 +17,9 @@ requires, without copying digests into every stack file.
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -36,12 +38,45 @@ from autoheal.errors import ConfigError
 from autoheal.imagelock import LOCK_FILE, read_lock
 from autoheal.journalrules import JournalKind, postgres_url_problem, replicas_problem
 from autoheal.names import is_node_name
+from components.device_plugins import (
+    EFA_DEVICE_PLUGIN_IMAGE,
+    GPU_OPERATOR_VERSION,
+    NVIDIA_DEVICE_PLUGIN_IMAGE,
+)
+from components.instances import instance_type, slurmd_fit_problem
 
 PROJECT = "autoheal"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?$"
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _known_instance_type(value: str) -> str:
+    instance_type(value)  # a ValueError naming the known types
+    return value
+
+
+class SystemNodeGroupSpec(_Model):
+    """The untainted nodes CoreDNS, slurmctld, login and the runner run on (never drained by the
+    runbook: it only touches GPU pools' nodes)."""
+
+    instance_type: str = Field(default="m7i.xlarge", alias="instanceType")
+    size: int = Field(default=2, ge=1)
+    ami_type: str = Field(default="AL2023_x86_64_STANDARD", alias="amiType")
+    disk_size_gb: int = Field(default=50, ge=20, alias="diskSizeGb")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    _instance_type = field_validator("instance_type")(_known_instance_type)
+
+
+class EksStorageSpec(_Model):
+    """The StorageClasses the EKS stack can make; each is declared when the stack's storage keys
+    (slurm.storage.stateStorageClass / sharedStorageClass, runner.journalStorageClass) name it."""
+
+    ebs_class: str = Field(default="gp3", alias="ebsClass", pattern=_DNS_SUBDOMAIN)
+    efs_class: str = Field(default="efs-sc", alias="efsClass", pattern=_DNS_SUBDOMAIN)
 
 
 class EksSpec(_Model):
@@ -51,6 +86,25 @@ class EksSpec(_Model):
     endpoint_public_access: bool = Field(default=True, alias="endpointPublicAccess")
     public_access_cidrs: list[str] = Field(default_factory=list, alias="publicAccessCidrs")
     tags: dict[str, str] = Field(default_factory=dict)
+    system_node_group: SystemNodeGroupSpec = Field(default=SystemNodeGroupSpec(), alias="systemNodeGroup")
+    # what advertises nvidia.com/gpu: NVIDIA's device plugin (a DaemonSet), the GPU Operator
+    # (a Helm release), or nothing (the cluster already runs one)
+    device_plugin: Literal["nvidia", "gpu-operator", "none"] = Field(default="nvidia", alias="devicePlugin")
+    device_plugin_image: str = Field(default=NVIDIA_DEVICE_PLUGIN_IMAGE, alias="devicePluginImage")
+    gpu_operator_version: str = Field(default=GPU_OPERATOR_VERSION, alias="gpuOperatorVersion")
+    efa_device_plugin_image: str = Field(default=EFA_DEVICE_PLUGIN_IMAGE, alias="efaDevicePluginImage")
+    # SHA-1 thumbprints for the OIDC provider; none: IAM verifies the EKS issuer's certificate
+    # against its own trusted CAs (what it has done for EKS issuers since 2023)
+    oidc_thumbprints: list[str] = Field(default_factory=list, alias="oidcThumbprints", max_length=5)
+    storage: EksStorageSpec = EksStorageSpec()
+
+    @field_validator("oidc_thumbprints")
+    @classmethod
+    def _thumbprints(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not re.fullmatch(r"[0-9a-fA-F]{40}", v)]
+        if bad:
+            raise ValueError(f"a thumbprint is 40 hex digits (a SHA-1), got {bad}")
+        return value
 
 
 class ClusterSpec(_Model):
@@ -81,6 +135,30 @@ class EksNodeGroupSpec(_Model):
         default="ON_DEMAND", alias="capacityType"
     )
     disk_size_gb: int = Field(default=200, ge=20, alias="diskSizeGb")
+    # EFA interfaces, a cluster placement group and the EFA device plugin; default: where the
+    # instance type has EFA (components/instances.py)
+    efa: bool | None = None
+    # an EC2 capacity reservation (or capacity block) the pool's instances launch into
+    capacity_reservation_id: str | None = Field(
+        default=None, alias="capacityReservationId", pattern=r"^cr-[0-9a-f]{8,17}$"
+    )
+    # the pool's subnets (none: the cluster's; with EFA, the first of them, as a cluster
+    # placement group lives in one availability zone)
+    subnet_ids: list[str] = Field(default_factory=list, alias="subnetIds")
+
+    _instance_type = field_validator("instance_type")(_known_instance_type)
+
+    @model_validator(mode="after")
+    def _efa_possible(self) -> EksNodeGroupSpec:
+        if self.efa and not instance_type(self.instance_type).has_efa:
+            raise ValueError(f"efa: instance type {self.instance_type} has no EFA interfaces")
+        if self.capacity_type == "CAPACITY_BLOCK" and self.capacity_reservation_id is None:
+            raise ValueError("capacityType CAPACITY_BLOCK needs capacityReservationId (the block's id)")
+        return self
+
+    @property
+    def uses_efa(self) -> bool:
+        return instance_type(self.instance_type).has_efa if self.efa is None else self.efa
 
 
 class PoolSpec(_Model):
@@ -95,6 +173,9 @@ class PoolSpec(_Model):
     taints: list[TaintSpec] = Field(default_factory=list)
     cpus: int = Field(default=2, ge=1)
     real_memory_mb: int = Field(default=1000, ge=1, alias="realMemoryMb")
+    # slurmd requests (= limits) cpus and realMemoryMb, a Guaranteed pod; default: on EKS (where
+    # the instance type says what fits), not on an existing cluster whose nodes the stack cannot see
+    guaranteed: bool | None = None
     remediation: bool = True
     # Why this pool may run without spares or remediation; the policy pack decides, not this model.
     waiver: str | None = None
@@ -175,6 +256,10 @@ class SlurmSpec(_Model):
     login_service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
         default="ClusterIP", alias="loginServiceType"
     )
+    # the CIDRs a LoadBalancer login admits SSH from (the Service's loadBalancerSourceRanges)
+    login_source_ranges: list[str] = Field(default_factory=list, alias="loginSourceRanges")
+    # why a LoadBalancer login may admit SSH from anywhere (the policy pack refuses it otherwise)
+    login_policy_waiver: str | None = Field(default=None, alias="loginPolicyWaiver", min_length=1)
     slurm_user: str = Field(default="slurm", alias="slurmUser")
     grace_seconds: int = Field(default=120, ge=0, alias="graceSeconds")
     # the stack's waitForRollout for Slurm alone (a lab whose real nodes run Slurm but have no
@@ -187,9 +272,22 @@ class SlurmSpec(_Model):
     # read-only software trees mounted in the login and slurmd pods (the jobs' Python and PyTorch)
     software: list[SoftwareVolumeSpec] = Field(default_factory=list)
 
+    @field_validator("login_source_ranges")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            try:
+                ipaddress.ip_network(cidr)
+            except ValueError:
+                raise ValueError(f"{cidr!r} is not a CIDR (like 203.0.113.0/24)") from None
+        return value
+
 
 class MonitoringSpec(_Model):
     prometheus_operator: bool = Field(default=False, alias="prometheusOperator")
+    # labels the Prometheus Operator selects its rules, monitors and Alertmanager configs by
+    # (kube-prometheus-stack's default: {release: <its release name>})
+    operator_labels: dict[str, str] = Field(default_factory=dict, alias="operatorLabels")
     # dcgm-exporter's image, by digest (the default is NVIDIA's tag: the policy pack refuses it)
     dcgm_image: str | None = Field(default=None, alias="dcgmImage")
     # False where something else runs dcgm-exporter (the GPU Operator; the lab's GPU simulator)
@@ -298,7 +396,17 @@ class StackSpec(_Model):
             missing = [p.name for p in self.pools if p.eks is None]
             if missing:
                 raise ValueError(f"backend 'eks' needs 'eks' on every pool; missing: {missing}")
+            for i, pool in enumerate(self.pools):
+                if pool.eks is not None and self.guaranteed(pool):
+                    itype = instance_type(pool.eks.instance_type)
+                    problem = slurmd_fit_problem(itype, pool.cpus, pool.real_memory_mb)
+                    if problem:
+                        raise ValueError(f"pools[{i}] ({pool.name}): {problem} (or guaranteed: false)")
         return self
+
+    def guaranteed(self, pool: PoolSpec) -> bool:
+        """Whether the pool's slurmd pods are Guaranteed (PoolSpec.guaranteed, by default on EKS)."""
+        return self.cluster.backend == "eks" if pool.guaranteed is None else pool.guaranteed
 
 
 # Top-level keys and whether Pulumi passes them as JSON (objects, arrays) or as plain strings.

@@ -40,9 +40,14 @@ class InstanceType:
 
     def allocatable(self) -> dict[str, str]:
         """Capacity less what the EKS AMI reserves for the kubelet and eviction."""
-        cpu_m = self.vcpus * 1000 - kube_reserved_cpu_millis(self.vcpus)
-        memory_mi = self.memory_gib * 1024 - (255 + 11 * self.max_pods) - 100
+        cpu_m, memory_mi = self.allocatable_cpu_millis(), self.allocatable_memory_mi()
         return {"cpu": f"{cpu_m}m", "memory": f"{memory_mi}Mi", "pods": str(self.max_pods)}
+
+    def allocatable_cpu_millis(self) -> int:
+        return self.vcpus * 1000 - kube_reserved_cpu_millis(self.vcpus)
+
+    def allocatable_memory_mi(self) -> int:
+        return self.memory_gib * 1024 - (255 + 11 * self.max_pods) - 100
 
     def device_resources(self) -> dict[str, int]:
         """The extended resources device plugins advertise on this type, when they run there."""
@@ -64,6 +69,31 @@ def kube_reserved_cpu_millis(vcpus: int) -> int:
         left -= used
     reserved += left * 2.5
     return int(reserved)
+
+
+# What a GPU node keeps for the DaemonSets beside slurmd (aws-node, kube-proxy, the CSI node
+# plugins, device plugins, dcgm-exporter, the XID watcher, slurmd's munge sidecar): a Guaranteed
+# slurmd may take the rest of the node's allocatable, no more.
+NODE_DAEMONS_CPU_MILLIS: Final = 1000
+NODE_DAEMONS_MEMORY_MI: Final = 4096
+
+
+def slurmd_fit_problem(itype: InstanceType, cpus: int, real_memory_mb: int) -> str | None:
+    """Why a Guaranteed slurmd of `cpus` and `real_memory_mb` cannot run on `itype`, or None."""
+    max_cpus = (itype.allocatable_cpu_millis() - NODE_DAEMONS_CPU_MILLIS) // 1000
+    max_memory = itype.allocatable_memory_mi() - NODE_DAEMONS_MEMORY_MI
+    if cpus > max_cpus:
+        return (
+            f"cpus {cpus} do not fit a {itype.name} (allocatable {itype.allocatable_cpu_millis()}m, "
+            f"less {NODE_DAEMONS_CPU_MILLIS}m for the node's DaemonSets): at most {max_cpus}"
+        )
+    if real_memory_mb > max_memory:
+        return (
+            f"realMemoryMb {real_memory_mb} does not fit a {itype.name} (allocatable "
+            f"{itype.allocatable_memory_mi()}Mi, less {NODE_DAEMONS_MEMORY_MI}Mi for the node's "
+            f"DaemonSets): at most {max_memory}"
+        )
+    return None
 
 
 _TYPES: Final = (

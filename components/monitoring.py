@@ -21,7 +21,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -54,6 +55,9 @@ class GpuMonitoringArgs:
     namespace: pulumi.Input[str] = "autoheal"
     dcgm_image: str = DEFAULT_DCGM_IMAGE
     prometheus_operator: bool = False
+    # on the PrometheusRule, ServiceMonitor and AlertmanagerConfig: the labels the operator's
+    # Prometheus and Alertmanager select them by (kube-prometheus-stack: {release: <its release>})
+    operator_labels: Mapping[str, str] = field(default_factory=dict)
     # Where Alertmanager mounts Secrets (the Prometheus Operator mounts `spec.secrets` here).
     alertmanager_secrets_dir: str = "/etc/alertmanager/secrets"
     group_wait: str = "0s"
@@ -235,7 +239,7 @@ class GpuMonitoring(pulumi.ComponentResource):
             f"{self._name}-{suffix}",
             api_version=f"{PROMETHEUS_OPERATOR}/{version}",
             kind=kind,
-            metadata=k8sargs.meta(obj, self._args.namespace, labels),
+            metadata=k8sargs.meta(obj, self._args.namespace, {**self._args.operator_labels, **labels}),
             spec=spec,
             opts=child(self),
         )

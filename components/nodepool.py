@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -38,6 +39,8 @@ from autoheal.names import is_node_name
 from autoheal.slurmconf import SlurmPool
 from components.cluster import EksCluster
 from components.common import SPARE_TAINT, Taint, base_labels, child
+from components.eks import launch
+from components.eks.launch import LaunchArgs
 
 _EKS_TAINT_EFFECTS = {
     "NoSchedule": "NO_SCHEDULE",
@@ -46,12 +49,37 @@ _EKS_TAINT_EFFECTS = {
 }
 
 
+def node_group_name(pool: str) -> str:
+    """The managed node group of a pool (EKS tags its instances with it: the runner's IAM policy
+    acts on those instances only)."""
+    return f"autoheal-{pool}"
+
+
 @dataclass(frozen=True)
 class EksNodeGroupArgs:
     instance_type: str = "p5.48xlarge"
     ami_type: str = "AL2023_x86_64_NVIDIA"
     capacity_type: str = "ON_DEMAND"
     disk_size_gb: int = 200
+    # EFA interfaces per instance (0: none); with them, a cluster placement group (one zone)
+    efa_interfaces: int = 0
+    capacity_reservation_id: str | None = None  # a reservation or capacity block to launch into
+    # the pool's subnets (none: the cluster's; with EFA, the first of them: one zone)
+    subnet_ids: Sequence[str] = ()
+
+    def launch(self, security_group_id: pulumi.Input[str] | None) -> LaunchArgs:
+        return LaunchArgs(
+            efa_interfaces=self.efa_interfaces,
+            capacity_reservation_id=self.capacity_reservation_id,
+            capacity_block=self.capacity_type == "CAPACITY_BLOCK",
+            disk_size_gb=self.disk_size_gb,
+            security_group_id=security_group_id,
+        )
+
+    def subnets(self, cluster_subnets: Sequence[str]) -> list[str]:
+        if self.subnet_ids:
+            return list(self.subnet_ids)
+        return list(cluster_subnets[:1]) if self.efa_interfaces else list(cluster_subnets)
 
 
 @dataclass(frozen=True)
@@ -68,6 +96,7 @@ class GpuNodePoolArgs:
     taints: Sequence[Taint] = ()
     cpus: int = 2
     real_memory_mb: int = 1000
+    guaranteed: bool = False  # PoolPlacement.guaranteed
     remediation: bool = True
     # A reason recorded on the pool when it runs without spares or without remediation on purpose;
     # the policy pack accepts such a pool only when this is set.
@@ -99,6 +128,9 @@ class PoolPlacement:
     pool: SlurmPool
     selector: dict[str, str]
     taints: tuple[Taint, ...]
+    # slurmd's pod requests (= limits) the pool's cpus and realMemoryMb: Guaranteed, so the kubelet
+    # evicts it last and Slurm's view of the node is what the pod really has
+    guaranteed: bool = False
 
     def tolerations(self) -> list[k8s.core.v1.TolerationArgs]:
         return [t.toleration() for t in self.taints]
@@ -130,6 +162,7 @@ class GpuNodePool(pulumi.ComponentResource):
             pool=self.slurm_pool,
             selector={lb.POOL_LABEL: args.name},
             taints=(*args.taints, SPARE_TAINT),
+            guaranteed=args.guaranteed,
         )
         annotations = {lb.REMEDIATION_ANNOTATION: "enabled" if args.remediation else "disabled"}
         if args.waiver:
@@ -162,16 +195,25 @@ class GpuNodePool(pulumi.ComponentResource):
         import pulumi_aws as aws
 
         desired = args.size + args.spares
+        template = self._launch_template(name, args, ng, cluster)
         group: pulumi.CustomResource = aws.eks.NodeGroup(
             f"{name}-nodegroup",
             cluster_name=cluster.cluster_name,
-            node_group_name=f"autoheal-{args.name}",
+            node_group_name=node_group_name(args.name),
             node_role_arn=cluster.node_role_arn,
-            subnet_ids=list(cluster.subnet_ids),
+            subnet_ids=ng.subnets(cluster.subnet_ids),
             instance_types=[ng.instance_type],
             ami_type=ng.ami_type,
             capacity_type=ng.capacity_type,
-            disk_size=ng.disk_size_gb,
+            # with a launch template the root disk is the template's (EKS refuses both)
+            disk_size=ng.disk_size_gb if template is None else None,
+            launch_template=(
+                aws.eks.NodeGroupLaunchTemplateArgs(
+                    id=template.id, version=template.latest_version.apply(str)
+                )
+                if template is not None
+                else None
+            ),
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 desired_size=desired, min_size=desired, max_size=desired + max(args.headroom, 1)
             ),
@@ -180,10 +222,25 @@ class GpuNodePool(pulumi.ComponentResource):
                 aws.eks.NodeGroupTaintArgs(key=t.key, value=t.value, effect=_EKS_TAINT_EFFECTS[t.effect])
                 for t in args.taints
             ],
-            tags={lb.POOL_LABEL: args.name},
-            opts=child(self, provider=cluster.aws_provider),
+            tags={**cluster.tags, lb.POOL_LABEL: args.name},
+            # its nodes become Ready only with the networking add-ons, and join only with the
+            # node role's policies attached
+            opts=child(self, provider=cluster.aws_provider, depends_on=list(cluster.node_dependencies)),
         )
         return group
+
+    def _launch_template(
+        self, name: str, args: GpuNodePoolArgs, ng: EksNodeGroupArgs, cluster: EksCluster
+    ) -> Any | None:
+        """EFA interfaces in a cluster placement group and a capacity reservation, where the pool
+        needs them (components/eks/launch.py); None: the node group's defaults do."""
+        launch_args = ng.launch(cluster.security_group_id)
+        if not launch.needs_launch_template(launch_args):
+            return None
+        opts = child(self, provider=cluster.aws_provider)
+        tags = {**cluster.tags, lb.POOL_LABEL: args.name}
+        group = launch.placement_group(f"{name}-placement", tags, opts) if ng.efa_interfaces else None
+        return launch.launch_template(f"{name}-launch", launch_args, group, tags, opts)
 
 
 def describe_pool(args: GpuNodePoolArgs, pool: SlurmPool, node_labels: Mapping[str, str]) -> str:

@@ -133,6 +133,8 @@ class RemediationRunnerArgs:
     journal: JournalKind = "sqlite"
     postgres: RunnerPostgresArgs | None = None
     replicas: int = 1
+    # on the runner's ServiceAccount (EKS: `eks.amazonaws.com/role-arn`, its IAM role)
+    service_account_annotations: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
 
     def validate(self) -> None:
         problem = replicas_problem(self.journal, self.replicas)
@@ -199,14 +201,18 @@ class RemediationRunner(pulumi.ComponentResource):
             }
         )
 
-    def _meta(self, obj: str, annotations: dict[str, str] | None = None) -> k8s.meta.v1.ObjectMetaArgs:
+    def _meta(
+        self, obj: str, annotations: Mapping[str, pulumi.Input[str]] | None = None
+    ) -> k8s.meta.v1.ObjectMetaArgs:
         return k8sargs.meta(obj, self._args.namespace, self.labels, annotations)
 
     def _identity(self) -> pulumi.Output[str]:
         """A ServiceAccount with RUNNER_RBAC_RULES cluster-wide and RUNNER_EVENT_RULES in the
         event namespace, nothing more."""
         sa = k8s.core.v1.ServiceAccount(
-            f"{self._name}-sa", metadata=self._meta(RUNNER_NAME), opts=child(self)
+            f"{self._name}-sa",
+            metadata=self._meta(RUNNER_NAME, dict(self._args.service_account_annotations)),
+            opts=child(self),
         )
         subjects = [
             k8s.rbac.v1.SubjectArgs(

@@ -15,10 +15,13 @@ import pulumi
 
 from components.cluster import EksArgs, KubernetesCluster, KubernetesClusterArgs
 from components.common import SecretRef, Taint
-from components.config import PoolSpec, RunnerPostgresSpec, StackSpec, resolve_path
+from components.config import EksSpec, PoolSpec, RunnerPostgresSpec, StackSpec, resolve_path
+from components.eks.nodegroups import SystemNodeGroupArgs, system_selector
+from components.eks.platform import ROLE_ARN_ANNOTATION, EksPlatform, EksPlatformArgs
+from components.instances import instance_type
 from components.monitoring import DEFAULT_DCGM_IMAGE, GpuMonitoring, GpuMonitoringArgs
-from components.nodepool import EksNodeGroupArgs, GpuNodePool, GpuNodePoolArgs
-from components.runner import RemediationRunner, RemediationRunnerArgs, RunnerPostgresArgs
+from components.nodepool import EksNodeGroupArgs, GpuNodePool, GpuNodePoolArgs, node_group_name
+from components.runner import RUNNER_NAME, RemediationRunner, RemediationRunnerArgs, RunnerPostgresArgs
 from components.runner_pod import RunnerSlurmArgs
 from components.slurm import SlurmCluster, SlurmClusterArgs, SlurmImages, SlurmStorage, SoftwareVolume
 
@@ -30,6 +33,7 @@ class Stack:
     slurm: SlurmCluster
     runner: RemediationRunner
     monitoring: GpuMonitoring
+    platform: EksPlatform | None = None  # EKS: device plugins, storage, the runner's IAM role
 
 
 def build_stack(
@@ -41,13 +45,19 @@ def build_stack(
     """The cluster, its GPU pools, Slurm, the runner and the monitoring that calls it."""
     cluster = KubernetesCluster("cluster", cluster_args(cfg, root))
     k8s_opts = pulumi.ResourceOptions(provider=cluster.provider)
-    pools = [GpuNodePool(f"pool-{p.name}", pool_args(p, cluster), opts=k8s_opts) for p in cfg.pools]
+    pools = [
+        GpuNodePool(f"pool-{p.name}", pool_args(p, cluster, cfg.guaranteed(p)), opts=k8s_opts)
+        for p in cfg.pools
+    ]
+    platform = EksPlatform("eks", platform_args(cfg, cluster, pools), opts=k8s_opts) if cluster.eks else None
     slurm = SlurmCluster("slurm", slurm_args(cfg, pools), opts=k8s_opts)
-    runner = RemediationRunner(
-        "runner", runner_args(cfg, cluster, rules_yaml, playbooks, slurm), opts=k8s_opts
-    )
+    args = runner_args(cfg, cluster, rules_yaml, playbooks, slurm)
+    if platform is not None:
+        annotations = {ROLE_ARN_ANNOTATION: platform.runner_role_arn}
+        args = dataclasses.replace(args, service_account_annotations=annotations)
+    runner = RemediationRunner("runner", args, opts=k8s_opts)
     monitoring = GpuMonitoring("monitoring", monitoring_args(cfg, cluster, runner), opts=k8s_opts)
-    stack = Stack(cluster, pools, slurm, runner, monitoring)
+    stack = Stack(cluster, pools, slurm, runner, monitoring, platform)
     export_outputs(stack)
     return stack
 
@@ -67,6 +77,8 @@ def cluster_args(cfg: StackSpec, root: Path) -> KubernetesClusterArgs:
                 endpoint_public_access=c.eks.endpoint_public_access,
                 public_access_cidrs=c.eks.public_access_cidrs,
                 tags=c.eks.tags,
+                system_node_group=system_node_group_args(c.eks),
+                oidc_thumbprints=c.eks.oidc_thumbprints,
             )
             if c.eks
             else None
@@ -74,7 +86,55 @@ def cluster_args(cfg: StackSpec, root: Path) -> KubernetesClusterArgs:
     )
 
 
-def pool_args(p: PoolSpec, cluster: KubernetesCluster) -> GpuNodePoolArgs:
+def system_node_group_args(eks: EksSpec) -> SystemNodeGroupArgs:
+    s = eks.system_node_group
+    return SystemNodeGroupArgs(
+        instance_type=s.instance_type,
+        size=s.size,
+        ami_type=s.ami_type,
+        disk_size_gb=s.disk_size_gb,
+        labels=dict(s.labels),
+    )
+
+
+def system_pods_selector(cfg: StackSpec, configured: dict[str, str]) -> dict[str, str]:
+    """Where the stack's system pods (slurmctld, login, the runner) run: the configured selector,
+    else on EKS the stack's own system node group (never a GPU node the runbook drains)."""
+    if configured or cfg.cluster.backend != "eks":
+        return dict(configured)
+    return system_selector()
+
+
+def platform_args(cfg: StackSpec, cluster: KubernetesCluster, pools: list[GpuNodePool]) -> EksPlatformArgs:
+    eks = cfg.cluster.eks
+    if cluster.eks is None or eks is None:
+        raise ValueError("platform_args: the stack's cluster is not on EKS")
+    named = stack_storage_classes(cfg)
+    return EksPlatformArgs(
+        cluster=cluster.eks,
+        pools=[p.placement for p in pools],
+        node_groups=[node_group_name(p.name) for p in cfg.pools],
+        efa_pools=[p.name for p in cfg.pools if p.eks is not None and p.eks.uses_efa],
+        device_plugin=eks.device_plugin,
+        device_plugin_image=eks.device_plugin_image,
+        gpu_operator_version=eks.gpu_operator_version,
+        efa_device_plugin_image=eks.efa_device_plugin_image,
+        ebs_class=eks.storage.ebs_class if eks.storage.ebs_class in named else None,
+        efs_class=eks.storage.efs_class if eks.storage.efs_class in named else None,
+        runner_namespace=cluster.namespace,
+        runner_service_account=RUNNER_NAME,
+        tags=dict(eks.tags),
+    )
+
+
+def stack_storage_classes(cfg: StackSpec) -> set[str]:
+    """The StorageClass names the stack's claims use."""
+    st = cfg.slurm.storage
+    names = {st.state_storage_class, st.shared_storage_class, cfg.runner.journal_storage_class}
+    return {n for n in names if n}
+
+
+def pool_args(p: PoolSpec, cluster: KubernetesCluster, guaranteed: bool = False) -> GpuNodePoolArgs:
     eks = p.eks if cluster.eks else None
     return GpuNodePoolArgs(
         name=p.name,
@@ -89,6 +149,7 @@ def pool_args(p: PoolSpec, cluster: KubernetesCluster) -> GpuNodePoolArgs:
         taints=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in p.taints),
         cpus=p.cpus,
         real_memory_mb=p.real_memory_mb,
+        guaranteed=guaranteed,
         remediation=p.remediation,
         waiver=p.waiver,
         eks=(
@@ -97,6 +158,9 @@ def pool_args(p: PoolSpec, cluster: KubernetesCluster) -> GpuNodePoolArgs:
                 ami_type=eks.ami_type,
                 capacity_type=eks.capacity_type,
                 disk_size_gb=eks.disk_size_gb,
+                efa_interfaces=instance_type(eks.instance_type).efa_interfaces if eks.uses_efa else 0,
+                capacity_reservation_id=eks.capacity_reservation_id,
+                subnet_ids=tuple(eks.subnet_ids),
             )
             if eks
             else None
@@ -127,11 +191,13 @@ def slurm_args(cfg: StackSpec, pools: list[GpuNodePool]) -> SlurmClusterArgs:
         grace_seconds=sc.grace_seconds,
         wait_for_rollout=cfg.wait_for_rollout if sc.wait_for_rollout is None else sc.wait_for_rollout,
         tolerate=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in sc.tolerate_taints),
-        node_selector=dict(sc.node_selector),
+        node_selector=system_pods_selector(cfg, dict(sc.node_selector)),
         software=tuple(
             SoftwareVolume(name=v.name, mount_path=v.mount_path, claim=v.claim, host_path=v.host_path)
             for v in sc.software
         ),
+        login_source_ranges=tuple(sc.login_source_ranges),
+        login_policy_waiver=sc.login_policy_waiver,
     )
 
 
@@ -160,7 +226,7 @@ def runner_args(
         wait_for_rollout=cfg.wait_for_rollout,
         slurm=slurm_access(slurm) if slurm is not None and rc.slurm_access else None,
         tolerate=tuple(Taint(key=t.key, value=t.value, effect=t.effect) for t in rc.tolerate_taints),
-        node_selector=dict(rc.node_selector),
+        node_selector=system_pods_selector(cfg, dict(rc.node_selector)),
         journal=rc.journal,
         postgres=runner_postgres(rc.postgres, cluster.namespace) if rc.postgres is not None else None,
         replicas=rc.replicas,
@@ -199,6 +265,7 @@ def monitoring_args(
         watcher_hold_seconds=mc.watcher_hold_seconds,
         dcgm_exporter=mc.dcgm_exporter,
         prometheus_operator=mc.prometheus_operator,
+        operator_labels=dict(mc.operator_labels),
         alertmanager_secrets_dir=mc.alertmanager_secrets_dir,
         wait_for_rollout=cfg.wait_for_rollout,
     )

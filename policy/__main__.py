@@ -25,6 +25,7 @@ from policy.rules import (
     controller_state_is_persistent,
     gpu_pool_has_spares_and_remediation,
     images_pinned_by_digest,
+    login_not_open_to_the_world,
     no_wildcard_rbac,
     stack_has_remediation,
     webhook_requires_token,
@@ -88,6 +89,11 @@ PolicyPack(
             "images-pinned-by-digest",
             "Every container image is named by digest (repo@sha256:...), never by a tag alone.",
             images_pinned_by_digest,
+        ),
+        _resource_policy(
+            "login-source-ranges",
+            "A LoadBalancer serving SSH admits listed source ranges only, never 0.0.0.0/0, unless waived.",
+            login_not_open_to_the_world,
         ),
     ],
 )

@@ -18,6 +18,9 @@ The rules, and why:
   violation names the stack config key that sets each container's image (or the build to run).
   dcgm-exporter is NVIDIA's image, whose digest nobody here can know offline: the stack must
   name it by digest or leave dcgm-exporter to the GPU Operator.
+* SSH is not open to the world (`login-source-ranges`): a LoadBalancer Service that serves SSH
+  (the Slurm login, or any port 22) lists loadBalancerSourceRanges, none of them everything
+  (0.0.0.0/0, ::/0): a public SSH endpoint is scanned within minutes. Waivable, as the pools.
 * The webhook requires a token: every Alertmanager webhook receiver authenticates with a token
   read from a Secret (a file or a Secret key selector, never inline), and the runner is given its
   token from a Secret.
@@ -365,12 +368,49 @@ def images_pinned_by_digest(resource_type: str, props: Mapping[str, Any]) -> lis
     return found
 
 
+# --- SSH not open to the world ---------------------------------------------------------------
+
+SERVICE = "kubernetes:core/v1:Service"
+LOGIN_COMPONENT = "login"  # the Slurm login's Service (components/slurm/login.py)
+SSH_PORT = 22
+_EVERYWHERE = frozenset({"0.0.0.0/0", "::/0"})
+
+
+def login_not_open_to_the_world(resource_type: str, props: Mapping[str, Any]) -> list[str]:
+    """A LoadBalancer Service serving SSH admits only listed source ranges, none of them all."""
+    if resource_type != SERVICE:
+        return []
+    name, labels, annotations = _meta(props)
+    spec = _map(props.get("spec"))
+    if spec.get("type") != "LoadBalancer" or _waived(annotations):
+        return []
+    ssh = labels.get(COMPONENT_LABEL) == LOGIN_COMPONENT or any(
+        _map(p).get("port") == SSH_PORT for p in _seq(spec.get("ports"))
+    )
+    if not ssh:
+        return []
+    ranges = [r for r in _seq(spec.get("loadBalancerSourceRanges")) if isinstance(r, str)]
+    fix = (
+        "set autoheal:slurm.loginSourceRanges to the CIDRs users connect from, or annotate "
+        f"{POLICY_WAIVER_ANNOTATION} with the reason (autoheal:slurm.loginPolicyWaiver)"
+    )
+    if not ranges:
+        return [
+            f"{name}: a LoadBalancer serving SSH with no loadBalancerSourceRanges is open to the world; {fix}"
+        ]
+    open_to = sorted(set(ranges) & _EVERYWHERE)
+    if open_to:
+        return [f"{name}: loadBalancerSourceRanges {open_to} admit SSH from anywhere; {fix}"]
+    return []
+
+
 RESOURCE_RULES = {
     "gpu-pool-spares-and-remediation": gpu_pool_has_spares_and_remediation,
     "controller-state-persistent": controller_state_is_persistent,
     "no-wildcard-rbac": no_wildcard_rbac,
     "webhook-requires-token": webhook_requires_token,
     "images-pinned-by-digest": images_pinned_by_digest,
+    "login-source-ranges": login_not_open_to_the_world,
 }
 STACK_RULE = "gpu-pools-have-a-runner"
 

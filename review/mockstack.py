@@ -35,6 +35,15 @@ SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"  # noqa: S105 (a marker, not a s
 # Fixed stand-ins for generated values, identical for both revisions: a diff never shows them.
 FAKE_SECRET = b"\x01" * 32
 FAKE_HOST_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nfake\n-----END OPENSSH PRIVATE KEY-----\n"
+# An EKS cluster's OIDC issuer (the cluster's name is appended) and its VPC, as EKS reports them.
+FAKE_OIDC_ISSUER = "https://oidc.eks.us-east-1.amazonaws.com/id"
+FAKE_VPC = {"vpcId": "vpc-0fake", "clusterSecurityGroupId": "sg-0fakecluster"}
+# Resources whose ARN a program reads, and the service:region:account:kind part of it.
+_ARN_TYPES = {
+    "aws:iam/policy:Policy": "iam::123456789012:policy",
+    "aws:efs/fileSystem:FileSystem": "elasticfilesystem:us-east-1:123456789012:file-system",
+    "aws:ec2/placementGroup:PlacementGroup": "ec2:us-east-1:123456789012:placement-group",
+}
 DYNAMIC = "pulumi-python:dynamic:Resource"
 STACK_TYPE = "pulumi:pulumi:Stack"
 
@@ -50,6 +59,7 @@ class Res:
     parent: str
     custom: bool
     aliases: list[str] = field(default_factory=list)
+    dependencies: list[str] = field(default_factory=list)  # URNs of its explicit depends_on
 
     @property
     def k8s_name(self) -> str | None:
@@ -111,9 +121,24 @@ class FakeCloud(pulumi.runtime.Mocks):
                 token=base64.urlsafe_b64encode(FAKE_SECRET).decode().rstrip("="),
             )
         elif args.typ == "aws:eks/cluster:Cluster":
-            outs.update(name=args.name, endpoint="https://eks.example", certificateAuthority={"data": "Q0E="})
+            outs.update(
+                name=args.name,
+                endpoint="https://eks.example",
+                certificateAuthority={"data": "Q0E="},
+                identities=[{"oidcs": [{"issuer": f"{FAKE_OIDC_ISSUER}/{args.name}"}]}],
+                vpcConfig={**outs.get("vpcConfig", {}), **FAKE_VPC},
+            )
         elif args.typ == "aws:iam/role:Role":
             outs.update(name=args.name, arn=f"arn:aws:iam::123456789012:role/{args.name}")
+        elif args.typ == "aws:iam/openIdConnectProvider:OpenIdConnectProvider":
+            host_path = str(outs.get("url", "")).removeprefix("https://")
+            outs.update(arn=f"arn:aws:iam::123456789012:oidc-provider/{host_path}")
+        elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+            outs.update(latestVersion=1)
+        elif args.typ == "aws:ec2/placementGroup:PlacementGroup":
+            outs.update(name=args.name, arn=f"arn:aws:{_ARN_TYPES[args.typ]}/{args.name}")
+        elif args.typ in _ARN_TYPES:
+            outs.update(arn=f"arn:aws:{_ARN_TYPES[args.typ]}/{args.name}")
         return f"{args.name}-id", outs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], None]:
@@ -144,6 +169,7 @@ class RecordingMonitor(MockMonitor):
                     parent=request.parent,
                     custom=request.custom,
                     aliases=[self._alias_urn(a, request) for a in request.aliases],
+                    dependencies=sorted(request.dependencies),
                 )
             )
         return response

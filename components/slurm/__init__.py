@@ -71,6 +71,9 @@ class SlurmClusterArgs:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     # read-only software trees (the jobs' Python, PyTorch) in the login and slurmd pods
     software: Sequence[SoftwareVolume] = ()
+    # a LoadBalancer login admits SSH from these CIDRs (SlurmLoginArgs.source_ranges)
+    login_source_ranges: Sequence[str] = ()
+    login_policy_waiver: str | None = None
 
     def validate(self, name: str) -> None:
         if not self.pools:
@@ -175,6 +178,8 @@ class SlurmCluster(pulumi.ComponentResource):
             user=args.user,
             tolerations=tolerations,
             node_selector=dict(args.node_selector),
+            source_ranges=tuple(args.login_source_ranges),
+            policy_waiver=args.login_policy_waiver,
         )
 
     def _workers_args(

@@ -42,6 +42,10 @@ class SlurmLoginArgs:
     user: ClusterUser
     tolerations: list[k8s.core.v1.TolerationArgs]
     node_selector: dict[str, str] = field(default_factory=dict)
+    # a LoadBalancer's loadBalancerSourceRanges: who may reach SSH (the policy pack refuses none)
+    source_ranges: Sequence[str] = ()
+    # why the login may be open to the world anyway (the policy pack's waiver annotation)
+    policy_waiver: str | None = None
 
 
 class SlurmLogin(SubComponent):
@@ -63,13 +67,20 @@ class SlurmLogin(SubComponent):
             opts=self.adopt(),
         )
         self._deployment(args, host_key.metadata.name, keys.metadata.name)
+        annotations = dict(args.annotations)
+        if args.policy_waiver:
+            annotations[lb.POLICY_WAIVER_ANNOTATION] = args.policy_waiver
+        load_balancer = args.service_type == "LoadBalancer"
         self.service = k8s.core.v1.Service(
             f"{owner}-login",
-            metadata=k8sargs.meta("slurm-login", args.namespace, self.labels, args.annotations),
+            metadata=k8sargs.meta("slurm-login", args.namespace, self.labels, annotations),
             spec=k8s.core.v1.ServiceSpecArgs(
                 type=args.service_type,
                 selector=self.labels,
                 ports=[k8s.core.v1.ServicePortArgs(name="ssh", port=SSH_PORT, target_port=SSH_PORT)],
+                load_balancer_source_ranges=list(args.source_ranges)
+                if load_balancer and args.source_ranges
+                else None,
             ),
             opts=self.adopt(),
         )

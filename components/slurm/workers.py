@@ -31,6 +31,7 @@ brings joins the spare set by itself. slurmd reads its node with its own Service
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -84,9 +85,33 @@ class SlurmWorkers(SubComponent):
         self.register_outputs({"daemonSet": self.daemon_set.metadata.name, "pool": pool})
 
 
+# The munge containers of a Guaranteed slurmd pod: every container, init ones too, must request
+# what it is limited to. munged and the key copy need a few MiB.
+MUNGE_RESOURCES = {"cpu": "50m", "memory": "64Mi"}
+
+
+def slurmd_resources(args: SlurmWorkersArgs) -> dict[str, str]:
+    """What slurmd requests and is limited to: every GPU of its node and, for a Guaranteed pool,
+    the CPUs and memory Slurm is told the node has (CPUs=, RealMemory= in MiB)."""
+    pool = args.placement.pool
+    out = {lb.GPU_RESOURCE: str(pool.gpus_per_node)}
+    if args.placement.guaranteed:
+        out.update(cpu=str(pool.cpus), memory=f"{pool.real_memory_mb}Mi")
+    return out
+
+
+def _sized(container: k8s.core.v1.ContainerArgs, resources: dict[str, str]) -> k8s.core.v1.ContainerArgs:
+    sized = copy.copy(container)  # the shared part stays as it is for slurmctld and login
+    sized.resources = k8s.core.v1.ResourceRequirementsArgs(requests=resources, limits=resources)
+    return sized
+
+
 def _pod(args: SlurmWorkersArgs) -> k8s.core.v1.PodSpecArgs:
     placement = args.placement
     parts = args.parts
+    munge = [parts.munge_init, parts.munge]
+    if placement.guaranteed:
+        munge = [_sized(c, MUNGE_RESOURCES) for c in munge]
     return k8s.core.v1.PodSpecArgs(
         # slurmd gets the job's grace period (KillWait) and some time to report back.
         termination_grace_period_seconds=args.grace_seconds + 30,
@@ -95,7 +120,7 @@ def _pod(args: SlurmWorkersArgs) -> k8s.core.v1.PodSpecArgs:
             [k8sargs.node_has(k, v) for k, v in sorted(placement.selector.items())]
         ),
         tolerations=placement.tolerations(),
-        init_containers=[parts.munge_init, parts.munge],
+        init_containers=munge,
         containers=[_slurmd(args)],
         volumes=[
             parts.pool_config_volume(placement.pool.name),
@@ -130,7 +155,7 @@ exit $?"""
 
 
 def _slurmd(args: SlurmWorkersArgs) -> k8s.core.v1.ContainerArgs:
-    gpus = str(args.placement.pool.gpus_per_node)
+    resources = slurmd_resources(args)
     # Ready: slurmctld knows the node and hears from its slurmd (not NOT_RESPONDING, which a node
     # record kept across a reboot shows until this slurmd has registered)
     known = k8s.core.v1.ProbeArgs(
@@ -160,9 +185,7 @@ def _slurmd(args: SlurmWorkersArgs) -> k8s.core.v1.ContainerArgs:
             k8sargs.env("NODE_CONF", dynamic_node_conf(args.placement.pool)),
         ],
         ports=[k8s.core.v1.ContainerPortArgs(name="slurmd", container_port=SLURMD_PORT)],
-        resources=k8s.core.v1.ResourceRequirementsArgs(
-            requests={lb.GPU_RESOURCE: gpus}, limits={lb.GPU_RESOURCE: gpus}
-        ),
+        resources=k8s.core.v1.ResourceRequirementsArgs(requests=resources, limits=resources),
         volume_mounts=[*args.parts.mounts, *args.shared_mounts, k8sargs.mount("spool", SPOOL_DIR)],
         # no TCP liveness probe (slurmd logs each empty connection): the container ends with slurmd
         readiness_probe=known,

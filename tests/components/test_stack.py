@@ -128,7 +128,7 @@ def test_example_eks_stack_builds_node_groups_and_passes_the_policy():
         g.inputs["nodeGroupName"]: g.inputs["scalingConfig"]["desiredSize"]
         for g in rec.of_type("aws:eks/nodeGroup:NodeGroup")
     }
-    assert groups == {"autoheal-h100": 18, "autoheal-a100": 9}
+    assert groups == {"autoheal-system": 2, "autoheal-h100": 18, "autoheal-a100": 9}
     assert len(rec.of_type("aws:eks/cluster:Cluster")) == 1
     # With the Prometheus Operator: custom resources instead of ConfigMaps for rules and route.
     assert rec.of_type("kubernetes:monitoring.coreos.com/v1alpha1:AlertmanagerConfig")

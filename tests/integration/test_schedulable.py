@@ -82,12 +82,21 @@ def test_a_stack_without_system_nodes_device_plugin_or_storage_class_fails_namin
             or (r["type"] == "kubernetes:storage.k8s.io/v1:StorageClass" and meta.get("name") == "gp3")
         )
 
-    report = schedulable.prove([r for r in eks_rows if not broken(r)], tmp_path / "cluster", PORT_BASE)
+    invalid = {  # and an object the API server refuses
+        "type": "kubernetes:core/v1:ConfigMap",
+        "name": "bad",
+        "custom": True,
+        "inputs": {"metadata": {"name": "Not_A_DNS_Name", "namespace": "autoheal"}, "data": {}},
+    }
+    rows = [*(r for r in eks_rows if not broken(r)), invalid]
+    report = schedulable.prove(rows, tmp_path / "cluster", PORT_BASE)
     assert not report.ok
     by_object = {f.object: f for f in report.findings}
     assert any(f.kind == "claim" and "'gp3' is declared neither" in f.problem for f in report.findings), (
         report.text()
     )
+    refused = by_object["ConfigMap autoheal/Not_A_DNS_Name"]
+    assert refused.kind == "apply" and "RFC 1123" in refused.problem, refused
     login = next(f for o, f in by_object.items() if o.startswith("slurm/slurm-login-"))
     assert "untolerated taint" in login.problem, login
     slurmd = [f for o, f in by_object.items() if o.startswith("slurm/slurmd-")]

@@ -248,3 +248,17 @@ def test_markdown_summary_of_a_sample_change(repo, tmp_path):
     }
     assert "### Policy violations\n\nNone." in text
     assert {s.op for s in review.previews[0].plan.steps if s.name != "slurm-slurmctld"} == {UPDATE}
+
+
+# --- a change that leaves pods without a node fails before merge ----------------------------
+
+
+def test_a_change_that_leaves_the_gpu_pods_without_a_device_plugin_fails_the_schedule_check(repo, tmp_path):
+    """`devicePlugin: none` on EKS: no node advertises nvidia.com/gpu, so slurmd cannot bind; the
+    review's schedule check (lab.schedulable, the real scheduler) says so, pod by pod."""
+    _edit_stack(repo, EKS, lambda c: c["autoheal:cluster"]["eks"].update(devicePlugin="none"), "no plugin")
+    review = run_review(_options(repo, only=("schedule",)), tmp_path / "work")
+    (check,) = review.checks
+    assert (check.name, check.status) == ("schedule:example-eks", Status.FAILED), check.detail
+    assert "Insufficient nvidia.com/gpu" in check.detail and "slurm/slurmd-" in check.detail
+    assert not review.passed

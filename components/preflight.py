@@ -819,17 +819,20 @@ def check_prometheus_operator(cfg: StackSpec, view: ClusterView) -> list[Check]:
 
 
 def _selector_check(cfg: StackSpec, view: ClusterView, extra: Mapping[str, str]) -> Check:
-    # the labels the monitoring component gives its objects (imported here: it loads Pulumi)
-    from components.common import base_labels
-    from components.monitoring import ALERTMANAGER_LABELS, DCGM_LABELS, RULE_LABELS
-
+    name = "prometheus operator: selectors"
+    try:  # the labels the monitoring component gives its objects (imported here: it loads Pulumi)
+        from components.common import base_labels
+        from components.monitoring import ALERTMANAGER_LABELS, DCGM_LABELS, RULE_LABELS
+    except ImportError as exc:  # a CLI installed without the `pulumi` extra
+        return Check(
+            name, "info", f"not checked: the objects' labels come from the Pulumi components ({exc})"
+        )
     ns = cfg.namespace
     ns_labels = {
         **base_labels("autoheal", "namespace"),
         **_labels(view.namespace or {}),
         "kubernetes.io/metadata.name": ns,
     }
-    name = "prometheus operator: selectors"
     if not view.prometheuses:
         return Check(
             name,
@@ -938,7 +941,8 @@ def preflight(
     stack's. An unreachable cluster is one failed check (the others are not run)."""
     t0 = time.monotonic()
     where = kubeconfig or kubeconfig_of(cfg, root)
-    ctx = context if context is not None else cfg.cluster.context
+    # another kubeconfig than the stack's comes without the stack's context
+    ctx = context if context is not None or kubeconfig else cfg.cluster.context
     report = Report(stack=stack, server="?")
     try:
         kube = Kube(where, ctx, connect_timeout=connect_timeout)

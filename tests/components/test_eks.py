@@ -479,3 +479,24 @@ def test_efa_and_capacity_settings_are_checked_naming_the_key():
     pools[0]["eks"] = {"instanceType": "p5.48xlarge", "capacityReservationId": "reservation-1"}
     with pytest.raises(Exception, match=r"autoheal:pools\[0\]\.eks\.capacityReservationId"):
         parse_stack_config(edited(pools=pools))
+
+
+# --- an existing cluster (the lab) is left as it was ----------------------------------------------
+
+
+def test_a_kubeconfig_stack_declares_nothing_of_eks_and_keeps_slurmd_burstable():
+    from tests.components.harness import lab_stack_raw
+
+    rec = build(lab_stack_raw())
+    assert not [r for r in rec.resources if r.type.startswith("aws:") or r.type == "autoheal:eks:EksPlatform"]
+    assert rec.of_type(STORAGE_CLASS) == []
+    assert all(
+        not (r.inputs["metadata"].get("annotations") or {}).get(lb.ADVERTISES_ANNOTATION)
+        for r in rec.of_type(DAEMON_SET)
+    )
+    spec = pod_spec(rec.one(DAEMON_SET, "slurmd-h100"))
+    (slurmd,) = spec["containers"]
+    assert slurmd["resources"] == {"requests": {"nvidia.com/gpu": "8"}, "limits": {"nvidia.com/gpu": "8"}}
+    assert all("resources" not in c for c in spec["initContainers"])
+    # no system node group there: the system pods go where the stack file says (the lab: nowhere set)
+    assert "nodeSelector" not in pod_spec(rec.one("kubernetes:apps/v1:StatefulSet", "slurmctld"))

@@ -769,13 +769,6 @@ def _selects(
     return _matches(ns_selector, namespace_labels)
 
 
-def operator_labels(cfg: StackSpec) -> dict[str, str] | None:
-    """`monitoring.operatorLabels` (the labels the Prometheus Operator selects by), or None where
-    this version of the config has no such key."""
-    value = getattr(cfg.monitoring, "operator_labels", None)
-    return dict(value) if isinstance(value, Mapping) else None
-
-
 def check_prometheus_operator(cfg: StackSpec, view: ClusterView) -> list[Check]:
     if not cfg.monitoring.prometheus_operator:
         return []
@@ -803,22 +796,13 @@ def check_prometheus_operator(cfg: StackSpec, view: ClusterView) -> list[Check]:
         )
         return out
     out.append(Check("prometheus operator: CRDs", "pass", ", ".join(OPERATOR_CRDS) + " present"))
-    extra = operator_labels(cfg)
-    if extra is None:
-        out.append(
-            Check(
-                "prometheus operator: selectors",
-                "info",
-                "not checked: this version's config has no monitoring.operatorLabels, so which labels "
-                "the objects carry for the operator cannot be compared",
-            )
-        )
-        return out
-    out.append(_selector_check(cfg, view, extra))
+    out.append(_selector_check(cfg, view, cfg.monitoring.operator_labels))
     return out
 
 
 def _selector_check(cfg: StackSpec, view: ClusterView, extra: Mapping[str, str]) -> Check:
+    """Whether a Prometheus (an Alertmanager) takes the objects with the labels the monitoring
+    component gives them: `monitoring.operatorLabels` under the component's own."""
     name = "prometheus operator: selectors"
     try:  # the labels the monitoring component gives its objects (imported here: it loads Pulumi)
         from components.common import base_labels
@@ -843,21 +827,21 @@ def _selector_check(cfg: StackSpec, view: ClusterView, extra: Mapping[str, str])
     wants = [
         (
             "PrometheusRule",
-            {**RULE_LABELS, **extra},
+            {**extra, **RULE_LABELS},
             view.prometheuses,
             "ruleSelector",
             "ruleNamespaceSelector",
         ),
         (
             "ServiceMonitor",
-            {**DCGM_LABELS, **extra},
+            {**extra, **DCGM_LABELS},
             view.prometheuses,
             "serviceMonitorSelector",
             "serviceMonitorNamespaceSelector",
         ),
         (
             "AlertmanagerConfig",
-            {**ALERTMANAGER_LABELS, **extra},
+            {**extra, **ALERTMANAGER_LABELS},
             view.alertmanagers or [],
             "alertmanagerConfigSelector",
             "alertmanagerConfigNamespaceSelector",
@@ -877,6 +861,8 @@ def _selector_check(cfg: StackSpec, view: ClusterView, extra: Mapping[str, str])
                 f"{o['metadata'].get('namespace')}/{_name(o)}": (o.get("spec") or {}).get(sel) for o in owners
             }
             unselected.append(f"{kind} (namespace {ns}) is selected by none of {json.dumps(shown)[:300]}")
+        else:  # no Alertmanager object (Prometheus objects were checked for above)
+            selected.append(f"{kind}: no Alertmanager object to select it (not checked)")
     if unselected:
         return Check(
             name,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from components import preflight as pf
-from components.config import MonitoringSpec, parse_stack_config
+from components.config import parse_stack_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -173,9 +173,6 @@ def test_a_prometheus_without_a_namespace_selector_looks_only_in_its_own_namespa
     assert pf._selects(everywhere, "ruleSelector", "ruleNamespaceSelector", {}, "autoheal", {})
 
 
-@pytest.mark.skipif(
-    "operator_labels" not in MonitoringSpec.model_fields, reason="no monitoring.operatorLabels yet"
-)
 def test_no_prometheus_object_warns() -> None:
     v = view([])
     v.crds = set(pf.OPERATOR_CRDS)
@@ -205,3 +202,37 @@ def test_the_stack_file_is_read_as_the_program_reads_its_config(tmp_path: Path) 
     assert pf.kubeconfig_of(spec, tmp_path) == str(tmp_path / "kc")
     with pytest.raises(Exception, match="cannot read"):
         pf.load_stack(tmp_path, "missing")
+
+
+def test_selectors_of_prometheus_and_alertmanager_objects() -> None:
+    operator = {"prometheusOperator": True, "operatorLabels": {"release": "kps"}}
+    v = view([])
+    v.crds = set(pf.OPERATOR_CRDS)
+    v.prometheuses = [
+        {
+            "metadata": {"name": "k8s", "namespace": "monitoring"},
+            "spec": {
+                "ruleSelector": {"matchLabels": {"release": "kps"}},
+                "ruleNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "autoheal"}},
+                "serviceMonitorSelector": {"matchLabels": {"release": "kps"}},
+                "serviceMonitorNamespaceSelector": {},
+            },
+        }
+    ]
+    # an Alertmanager in the stack's namespace, without a namespace selector: its own namespace
+    am = {"matchExpressions": [{"key": "autoheal.io/alertmanager-config", "operator": "Exists"}]}
+    v.alertmanagers = [
+        {"metadata": {"name": "main", "namespace": "autoheal"}, "spec": {"alertmanagerConfigSelector": am}}
+    ]
+    c = by_name(pf.check_prometheus_operator(cfg(monitoring=operator), v))["prometheus operator: selectors"]
+    assert c.status == "pass", c
+    assert c.detail == (
+        "PrometheusRule by monitoring/k8s; ServiceMonitor by monitoring/k8s; AlertmanagerConfig by autoheal/main"
+    )
+    # the stack in another namespace: the rule's namespace selector and the Alertmanager miss it
+    c = by_name(pf.check_prometheus_operator(cfg(namespace="gpu-ops", monitoring=operator), v))
+    sel = c["prometheus operator: selectors"]
+    assert sel.status == "fail" and sel.detail.startswith(
+        "PrometheusRule (namespace gpu-ops) is selected by none"
+    )
+    assert "AlertmanagerConfig (namespace gpu-ops)" in sel.detail and "ServiceMonitor" not in sel.detail

@@ -1,8 +1,9 @@
 """The XID watcher DaemonSet: `autoheal watch` on every GPU node, posting to Alertmanager directly.
 
 GpuMonitoring builds it beside dcgm-exporter (same node selection: every node of a GPU pool,
-whatever its taints). The pod reads the node's kernel log from /dev/kmsg (read-only, with
-CAP_SYSLOG, which reading the kernel log needs where dmesg is restricted), maps bus ids to GPUs
+whatever its taints). The pod reads the node's kernel log from /dev/kmsg (a read-only hostPath
+mount; the container is privileged, the one setting that lets it open the device: see
+`kmsg_security_context` and docs/operations.md, "Privileges"), maps bus ids to GPUs
 from /proc/driver/nvidia (the driver's procfs is not namespaced), and keeps its cursor and
 undelivered alerts in a hostPath directory, so a restarted or rescheduled pod on the same node
 neither re-posts old lines nor loses alerts it had not delivered. Its /metrics and /healthz are
@@ -110,12 +111,7 @@ def _container(args: XidWatcherArgs) -> k8s.core.v1.ContainerArgs:
             k8sargs.env("AUTOHEAL_WATCH_LISTEN", f"0.0.0.0:{WATCHER_PORT}"),
         ],
         ports=[k8s.core.v1.ContainerPortArgs(name="metrics", container_port=WATCHER_PORT)],
-        security_context=k8s.core.v1.SecurityContextArgs(
-            run_as_user=0,  # /dev/kmsg is root's (0644)
-            read_only_root_filesystem=True,
-            allow_privilege_escalation=False,
-            capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"], add=["SYSLOG"]),
-        ),
+        security_context=kmsg_security_context() if args.kernel_log_dir is None else _file_security_context(),
         resources=k8s.core.v1.ResourceRequirementsArgs(
             requests={"cpu": "10m", "memory": "64Mi"}, limits={"memory": "256Mi"}
         ),
@@ -125,4 +121,41 @@ def _container(args: XidWatcherArgs) -> k8s.core.v1.ContainerArgs:
             k8sargs.mount("kmsg", mount, read_only=True),
             k8s.core.v1.VolumeMountArgs(name="state", mount_path=STATE_DIR, sub_path_expr="$(NODE_NAME)"),
         ],
+    )
+
+
+def kmsg_security_context() -> k8s.core.v1.SecurityContextArgs:
+    """The least that opens a node's /dev/kmsg for reading, measured on real kubelet + containerd
+    2.4 + runc 1.5 nodes (tests/nodes/test_xid_watcher_kmsg.py; docs/operations.md, "Privileges").
+
+    Opening /dev/kmsg takes three things: the device node in the container (the hostPath mount),
+    the container's device cgroup allowing char 1:11 read, and CAP_SYSLOG in the effective set
+    where `kernel.dmesg_restrict=1` (the kernel's check_syslog_permissions; DAC: the node is root's,
+    0644). A non-privileged container gets none of the device cgroup: the runtime allows only its
+    default devices (null, zero, full, random, urandom, tty, ptmx, pts, tun) plus those a device
+    plugin, CDI or DRA hands it, and a hostPath mount of a device adds nothing to that list. So with
+    capabilities {drop: ALL, add: SYSLOG} the open fails with EPERM; it also fails (EPERM) with the
+    device allowed but without CAP_SYSLOG, and as any uid but 0 (Kubernetes gives a non-root
+    container no effective capabilities). Hence `privileged`: it is what allows the device. It also
+    brings every capability and no seccomp filter whatever `capabilities` and `seccompProfile` say
+    (measured: CapEff 000001fffeffffff, Seccomp 0 with drop ALL and RuntimeDefault), so neither is
+    set here (they would only look like a restriction), and `allowPrivilegeEscalation: false` is
+    refused beside it by the API server. The read-only mount does not stop an open for writing (a
+    read-only mount guards the file system, not the device). What still restricts: a read-only
+    root file system, no host namespaces (PID, network, IPC), and the image's one command."""
+    return k8s.core.v1.SecurityContextArgs(
+        privileged=True,
+        run_as_user=0,  # uid 0: the only uid a Kubernetes container has capabilities as
+        read_only_root_filesystem=True,
+    )
+
+
+def _file_security_context() -> k8s.core.v1.SecurityContextArgs:
+    """A kernel log written to a file (the lab's simulator): no device, so no privileged (the
+    capability set is the one the lab's watchers were proven with; a file needs no CAP_SYSLOG)."""
+    return k8s.core.v1.SecurityContextArgs(
+        run_as_user=0,  # the node's state folder is root's
+        read_only_root_filesystem=True,
+        allow_privilege_escalation=False,
+        capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"], add=["SYSLOG"]),
     )

@@ -230,8 +230,8 @@ def test_selectors_of_prometheus_and_alertmanager_objects() -> None:
         "PrometheusRule by monitoring/k8s; ServiceMonitor by monitoring/k8s; AlertmanagerConfig by autoheal/main"
     )
     # the stack in another namespace: the rule's namespace selector and the Alertmanager miss it
-    c = by_name(pf.check_prometheus_operator(cfg(namespace="gpu-ops", monitoring=operator), v))
-    sel = c["prometheus operator: selectors"]
+    other = by_name(pf.check_prometheus_operator(cfg(namespace="gpu-ops", monitoring=operator), v))
+    sel = other["prometheus operator: selectors"]
     assert sel.status == "fail" and sel.detail.startswith(
         "PrometheusRule (namespace gpu-ops) is selected by none"
     )

@@ -929,7 +929,7 @@ def preflight(
     where = kubeconfig or kubeconfig_of(cfg, root)
     # another kubeconfig than the stack's comes without the stack's context
     ctx = context if context is not None or kubeconfig else cfg.cluster.context
-    report = Report(stack=stack, server="?")
+    report = Report(stack=stack, server=_short(where))  # the API server's URL once it is read
     try:
         kube = Kube(where, ctx, connect_timeout=connect_timeout)
     except Unreachable as exc:

@@ -77,6 +77,13 @@ class EksStorageSpec(_Model):
 
     ebs_class: str = Field(default="gp3", alias="ebsClass", pattern=_DNS_SUBDOMAIN)
     efs_class: str = Field(default="efs-sc", alias="efsClass", pattern=_DNS_SUBDOMAIN)
+    # FSx for Lustre, a file system per claim (checkpoints: slurm.storage.checkpointStorageClass)
+    fsx_class: str = Field(default="fsx-lustre", alias="fsxClass", pattern=_DNS_SUBDOMAIN)
+    fsx_deployment_type: Literal["SCRATCH_2", "PERSISTENT_1", "PERSISTENT_2"] = Field(
+        default="PERSISTENT_2", alias="fsxDeploymentType"
+    )
+    # MB/s per TiB of a PERSISTENT file system (PERSISTENT_2: 125, 250, 500 or 1000)
+    fsx_throughput: int = Field(default=250, alias="fsxThroughput", ge=12, le=1000)
 
 
 class EksSpec(_Model):
@@ -218,6 +225,9 @@ class SlurmStorageSpec(_Model):
     shared_access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = Field(
         default="ReadWriteMany", alias="sharedAccessMode"
     )
+    # /checkpoints on a class of its own (on EKS: FSx for Lustre, cluster.eks.storage.fsxClass);
+    # unset: sharedStorageClass
+    checkpoint_storage_class: str | None = Field(default=None, alias="checkpointStorageClass")
 
 
 class SoftwareVolumeSpec(_Model):

@@ -18,6 +18,7 @@ from components.common import SecretRef, Taint
 from components.config import EksSpec, PoolSpec, RunnerPostgresSpec, StackSpec, resolve_path
 from components.eks.nodegroups import SystemNodeGroupArgs, system_selector
 from components.eks.platform import ROLE_ARN_ANNOTATION, EksPlatform, EksPlatformArgs
+from components.eks.storage import FsxArgs
 from components.instances import instance_type
 from components.monitoring import DEFAULT_DCGM_IMAGE, GpuMonitoring, GpuMonitoringArgs
 from components.nodepool import EksNodeGroupArgs, GpuNodePool, GpuNodePoolArgs, node_group_name
@@ -121,6 +122,15 @@ def platform_args(cfg: StackSpec, cluster: KubernetesCluster, pools: list[GpuNod
         efa_device_plugin_image=eks.efa_device_plugin_image,
         ebs_class=eks.storage.ebs_class if eks.storage.ebs_class in named else None,
         efs_class=eks.storage.efs_class if eks.storage.efs_class in named else None,
+        fsx=(
+            FsxArgs(
+                class_name=eks.storage.fsx_class,
+                deployment_type=eks.storage.fsx_deployment_type,
+                throughput=eks.storage.fsx_throughput,
+            )
+            if eks.storage.fsx_class in named
+            else None
+        ),
         runner_namespace=cluster.namespace,
         runner_service_account=RUNNER_NAME,
         tags=dict(eks.tags),
@@ -130,7 +140,12 @@ def platform_args(cfg: StackSpec, cluster: KubernetesCluster, pools: list[GpuNod
 def stack_storage_classes(cfg: StackSpec) -> set[str]:
     """The StorageClass names the stack's claims use."""
     st = cfg.slurm.storage
-    names = {st.state_storage_class, st.shared_storage_class, cfg.runner.journal_storage_class}
+    names = {
+        st.state_storage_class,
+        st.shared_storage_class,
+        st.checkpoint_storage_class,
+        cfg.runner.journal_storage_class,
+    }
     return {n for n in names if n}
 
 
@@ -183,6 +198,7 @@ def slurm_args(cfg: StackSpec, pools: list[GpuNodePool]) -> SlurmClusterArgs:
             checkpoint_size=st.checkpoint_size,
             state_storage_class=st.state_storage_class,
             shared_storage_class=st.shared_storage_class,
+            checkpoint_storage_class=st.checkpoint_storage_class,
             shared_access_mode=st.shared_access_mode,
         ),
         authorized_keys=sc.authorized_keys,

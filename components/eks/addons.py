@@ -19,6 +19,7 @@ NETWORK_ADDONS = ("vpc-cni", "kube-proxy")
 DNS_ADDON = "coredns"
 EBS_CSI_ADDON = "aws-ebs-csi-driver"
 EFS_CSI_ADDON = "aws-efs-csi-driver"
+FSX_CSI_ADDON = "aws-fsx-csi-driver"
 
 
 def addon(

@@ -65,6 +65,7 @@ class EksPlatformArgs:
     efa_device_plugin_image: str = EFA_DEVICE_PLUGIN_IMAGE
     ebs_class: str | None = None  # a StorageClass name the stack's claims use; None: not made
     efs_class: str | None = None
+    fsx: storage.FsxArgs | None = None  # FSx for Lustre, when a claim names its class
     runner_namespace: pulumi.Input[str] = "autoheal"
     runner_service_account: str = "autoheal-runner"
     tags: dict[str, str] = field(default_factory=dict)
@@ -124,6 +125,8 @@ class EksPlatform(pulumi.ComponentResource):
             )
         if a.efs_class is not None:
             self._efs(a.efs_class, ctx)
+        if a.fsx is not None:
+            self._fsx(a.fsx, ctx)
 
     def _efs(self, class_name: str, ctx: storage.AwsContext) -> None:
         c, name = self._args.cluster, self._name
@@ -139,6 +142,22 @@ class EksPlatform(pulumi.ComponentResource):
         )
         storage.efs_storage_class(
             f"{name}-{class_name}", class_name, fs.id, child(self, depends_on=[driver, *targets])
+        )
+
+    def _fsx(self, fsx: storage.FsxArgs, ctx: storage.AwsContext) -> None:
+        c, name = self._args.cluster, self._name
+        if c.vpc_id is None or c.security_group_id is None:
+            raise ValueError(f"EksPlatform {name}: the cluster's VPC and security group are unknown")
+        sg = storage.lustre_security_group(f"{name}-fsx-sg", c.vpc_id, c.security_group_id, ctx)
+        driver = storage.csi_driver(
+            f"{name}-addon-{addons.FSX_CSI_ADDON}",
+            ctx,
+            addons.FSX_CSI_ADDON,
+            storage.FSX_CSI_SERVICE_ACCOUNT,
+            storage.FSX_CSI_POLICY,
+        )
+        storage.fsx_storage_class(
+            f"{name}-{fsx.class_name}", fsx, c.subnet_ids[0], sg.id, child(self, depends_on=[driver])
         )
 
     def _runner_role(self) -> pulumi.Output[str]:

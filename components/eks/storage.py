@@ -9,6 +9,11 @@ the stack does not use is the cluster operator's business, not the stack's.
 * EBS (`ebsClass`, default `gp3`): encrypted gp3 volumes, bound where the pod lands
   (WaitForFirstConsumer: a volume lives in one zone, so it is made in the zone of the node the
   scheduler picked) — slurmctld's state and the runner's journal.
+* FSx for Lustre (`fsxClass`, default `fsx-lustre`), for checkpoints that many nodes write at
+  once (`slurm.storage.checkpointStorageClass`): a file system per claim, made by the FSx CSI
+  driver in the cluster's first subnet (a Lustre file system lives in one zone), behind a security
+  group admitting Lustre (988, 1018-1023) from the nodes and from itself. The driver rounds a
+  claim up to the deployment type's size steps (PERSISTENT_2 at 250 MB/s/TiB: 2.4 TiB).
 * EFS (`efsClass`, default `efs-sc`): one encrypted file system with a mount target in every
   subnet of the cluster, reachable over NFS from the cluster security group (every node carries
   it); each claim is an access point (`efs-ap`) — the shared home and checkpoints, mounted on
@@ -36,8 +41,19 @@ EFS_CSI_POLICY: Final = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriver
 # the ServiceAccounts the add-ons' controllers run as (their IRSA roles trust exactly these)
 EBS_CSI_SERVICE_ACCOUNT: Final = "ebs-csi-controller-sa"
 EFS_CSI_SERVICE_ACCOUNT: Final = "efs-csi-controller-sa"
+FSX_PROVISIONER: Final = "fsx.csi.aws.com"
+FSX_CSI_POLICY: Final = "arn:aws:iam::aws:policy/AmazonFSxFullAccess"  # AWS's advice for the add-on
+FSX_CSI_SERVICE_ACCOUNT: Final = "fsx-csi-controller-sa"
 NFS_PORT: Final = 2049
+LUSTRE_PORTS: Final = ((988, 988), (1018, 1023))
 STORAGE_LABELS: Final = base_labels("autoheal-storage", "storage")
+
+
+@dataclass(frozen=True)
+class FsxArgs:
+    class_name: str
+    deployment_type: str = "PERSISTENT_2"
+    throughput: int = 250  # MB/s per TiB (PERSISTENT deployment types)
 
 
 @dataclass(frozen=True)
@@ -132,6 +148,58 @@ def efs_storage_class(
         metadata=k8sargs.meta(class_name, None, STORAGE_LABELS),
         provisioner=EFS_PROVISIONER,
         parameters={"provisioningMode": "efs-ap", "fileSystemId": file_system_id, "directoryPerms": "700"},
+        volume_binding_mode="Immediate",
+        opts=opts,
+    )
+
+
+def lustre_security_group(
+    name: str, vpc_id: pulumi.Input[str], node_security_group: pulumi.Input[str], ctx: AwsContext
+) -> Any:
+    """Lustre's ports from the nodes (the cluster security group) and between the file servers."""
+    import pulumi_aws as aws
+
+    ingress = [
+        aws.ec2.SecurityGroupIngressArgs(
+            protocol="tcp", from_port=low, to_port=high, security_groups=[node_security_group], self=True
+        )
+        for low, high in LUSTRE_PORTS
+    ]
+    return aws.ec2.SecurityGroup(
+        name,
+        description="Lustre to the autoheal FSx file systems from the EKS cluster's nodes",
+        vpc_id=vpc_id,
+        ingress=ingress,
+        egress=[
+            aws.ec2.SecurityGroupEgressArgs(protocol="-1", from_port=0, to_port=0, cidr_blocks=["0.0.0.0/0"])
+        ],
+        tags=dict(ctx.tags),
+        opts=ctx.opts,
+    )
+
+
+def fsx_storage_class(
+    name: str,
+    fsx: FsxArgs,
+    subnet_id: str,
+    security_group_id: pulumi.Input[str],
+    opts: pulumi.ResourceOptions,
+) -> k8s.storage.v1.StorageClass:
+    """A Lustre file system per claim, LZ4-compressed (checkpoints compress well)."""
+    parameters: dict[str, pulumi.Input[str]] = {
+        "subnetId": subnet_id,
+        "securityGroupIds": security_group_id,
+        "deploymentType": fsx.deployment_type,
+        "dataCompressionType": "LZ4",
+    }
+    if fsx.deployment_type.startswith("PERSISTENT"):
+        parameters["perUnitStorageThroughput"] = str(fsx.throughput)
+    return k8s.storage.v1.StorageClass(
+        name,
+        metadata=k8sargs.meta(fsx.class_name, None, STORAGE_LABELS),
+        provisioner=FSX_PROVISIONER,
+        parameters=parameters,
+        mount_options=["flock"],  # jobs lock checkpoint files
         volume_binding_mode="Immediate",
         opts=opts,
     )

@@ -34,6 +34,13 @@ class SlurmStorage:
     state_storage_class: str | None = None
     shared_storage_class: str | None = None
     shared_access_mode: str = "ReadWriteMany"
+    # /checkpoints on a class of its own (a parallel filesystem: FSx for Lustre); None: the shared one
+    checkpoint_storage_class: str | None = None
+
+    def storage_class(self, volume: str) -> str | None:
+        if volume == "checkpoints" and self.checkpoint_storage_class is not None:
+            return self.checkpoint_storage_class
+        return self.shared_storage_class
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,7 @@ class SlurmSharedStorage(SubComponent):
                 f"{owner}-{claim}",
                 metadata=k8sargs.meta(claim, namespace, base_labels(claim, "shared-storage"), annotations),
                 spec=k8sargs.claim_spec(
-                    storage.shared_access_mode, getattr(storage, size), storage.shared_storage_class
+                    storage.shared_access_mode, getattr(storage, size), storage.storage_class(volume)
                 ),
                 opts=self.adopt(),
             )

@@ -500,3 +500,37 @@ def test_a_kubeconfig_stack_declares_nothing_of_eks_and_keeps_slurmd_burstable()
     assert all("resources" not in c for c in spec["initContainers"])
     # no system node group there: the system pods go where the stack file says (the lab: nowhere set)
     assert "nodeSelector" not in pod_spec(rec.one("kubernetes:apps/v1:StatefulSet", "slurmctld"))
+
+
+def test_checkpoints_on_fsx_for_lustre_get_its_driver_security_group_and_class():
+    slurm = example_raw()["slurm"]
+    slurm["storage"] = {**slurm["storage"], "checkpointStorageClass": "fsx-lustre"}
+    rec = build(edited(slurm=slurm))
+    claims = {r.k8s_name: r.inputs["spec"] for r in rec.of_type("kubernetes:core/v1:PersistentVolumeClaim")}
+    assert claims["slurm-checkpoints"]["storageClassName"] == "fsx-lustre"
+    assert claims["slurm-home"]["storageClassName"] == "efs-sc"
+    classes = {r.k8s_name: r.inputs for r in rec.of_type(STORAGE_CLASS)}
+    assert set(classes) == {"gp3", "efs-sc", "fsx-lustre"}
+    fsx = classes["fsx-lustre"]
+    (sg,) = [g for g in rec.of_type("aws:ec2/securityGroup:SecurityGroup") if g.name.endswith("fsx-sg")]
+    assert fsx["provisioner"] == "fsx.csi.aws.com"
+    assert fsx["parameters"] == {
+        "subnetId": example_raw()["cluster"]["eks"]["subnetIds"][0],
+        "securityGroupIds": f"{sg.name}-id",
+        "deploymentType": "PERSISTENT_2",
+        "perUnitStorageThroughput": "250",
+        "dataCompressionType": "LZ4",
+    }
+    ports = {(r["fromPort"], r["toPort"]) for r in sg.inputs["ingress"]}
+    assert ports == {(988, 988), (1018, 1023)}
+    assert all(
+        r["securityGroups"] == [FAKE_VPC["clusterSecurityGroupId"]] and r["self"]
+        for r in sg.inputs["ingress"]
+    )
+    addon = _by_name(rec, ADDON, "addonName")["aws-fsx-csi-driver"]
+    (role,) = [
+        r
+        for r in rec.of_type("aws:iam/role:Role")
+        if addon.inputs["serviceAccountRoleArn"].endswith("/" + r.name)
+    ]
+    assert "system:serviceaccount:kube-system:fsx-csi-controller-sa" in _trust(role).values()

@@ -409,3 +409,47 @@ def test_an_unreachable_cluster_fails_in_seconds(tmp_path) -> None:
     assert c.fix.startswith("start the cluster or fix cluster.kubeconfig")
     missing = preflight(cfg, ROOT, kubeconfig=str(tmp_path / "nope"))
     assert missing.checks[0].detail == f"kubeconfig {tmp_path / 'nope'} does not exist"
+
+
+def _token_kubeconfig(cp: controlplane.KubeHandle, path: Path, token: str) -> Path:
+    """A kubeconfig for the same API server with a bearer token instead of the admin's certificate."""
+    admin = yaml.safe_load(cp.kubeconfig.read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_user_who_may_not_read_the_cluster(cp, http, tmp_path) -> None:
+    """A ServiceAccount without RBAC: its reads are refused and the checks say so; a token the API
+    server does not know is refused at once."""
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "preflight-nobody"}}
+    assert http.post("/api/v1/namespaces/default/serviceaccounts", json=sa).status_code in (201, 409)
+    r = http.post(
+        "/api/v1/namespaces/default/serviceaccounts/preflight-nobody/token",
+        json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+    )
+    assert r.status_code == 201, r.text
+    nobody = _token_kubeconfig(cp, tmp_path / "nobody", r.json()["status"]["token"])
+    report = preflight(stack(cp), ROOT, kubeconfig=str(nobody))
+    rows = {c.name: c for c in report.checks}
+    assert rows["cluster reachable"].status == "pass"  # /version is open to every user
+    assert rows["read access"].status == "fail" and "may not list nodes (403" in rows["read access"].detail
+    assert (
+        rows["storage classes"].detail
+        == "cannot list StorageClasses (403 reading /apis/storage.k8s.io/v1/storageclasses)"
+    )
+    assert not [name for name in rows if name.startswith(("pool", "system node", "kubelet"))]
+    bad = preflight(stack(cp), ROOT, kubeconfig=str(_token_kubeconfig(cp, tmp_path / "bad", "not-a-token")))
+    [c] = bad.checks
+    assert (
+        c.status == "fail"
+        and "GET /version answered 401: the kubeconfig's credentials were refused" in c.detail
+    )

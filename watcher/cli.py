@@ -6,9 +6,12 @@ name from the downward API)."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,7 +44,9 @@ def watch(
         str, typer.Option(envvar="AUTOHEAL_WATCH_SOURCE", help="kmsg | journald | file")
     ] = "kmsg",
     path: Annotated[
-        Path | None, typer.Option(envvar="AUTOHEAL_WATCH_PATH", help="kmsg device/file or text log.")
+        Path | None,
+        # readable=False: click's own check (access(2)) would say "not readable" without the reason
+        typer.Option(envvar="AUTOHEAL_WATCH_PATH", readable=False, help="kmsg device/file or text log."),
     ] = None,
     gpu_map: Annotated[
         str,
@@ -97,12 +102,36 @@ def watch(
             option = OPTION_OF.get(field, field.replace("_", "-"))
             typer.echo(f"error: {'--' + option + ': ' if option else ''}{e['msg']}", err=True)
         raise typer.Exit(2) from None
+    refused = _refused(cfg.path or Path("/dev/kmsg")) if cfg.source == "kmsg" else None
+    if refused:
+        typer.echo(f"error: --path: {refused}", err=True)
+        raise typer.Exit(2)
     from watcher.daemon import Watcher
 
     w = Watcher(cfg)
     signal.signal(signal.SIGTERM, lambda *_: w.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: w.stop_event.set())
     w.run_forever()
+
+
+def _refused(path: Path, opener: Callable[[Path, int], int] = os.open) -> str | None:
+    """Why the kernel log cannot be opened for reading, if it exists and cannot: a watcher that
+    may never read it stops at once (a DaemonSet crash-loops, loudly) rather than running blind.
+    A log that does not exist yet (a simulator's file) is waited for by the source."""
+    try:
+        os.close(opener(path, os.O_RDONLY | os.O_NONBLOCK))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        hint = ""
+        if exc.errno in (errno.EPERM, errno.EACCES) and path.is_char_device():
+            hint = (
+                " (reading /dev/kmsg needs the device allowed in the container's device cgroup, which a"
+                " Kubernetes pod gets from privileged: true or a device plugin, and CAP_SYSLOG where"
+                " kernel.dmesg_restrict=1; docs/operations.md, Privileges)"
+            )
+        return f"{path}: {exc.strerror}{hint}"
+    return None
 
 
 def register(app: typer.Typer) -> None:

@@ -225,3 +225,25 @@ def test_a_bad_command_line_names_the_option_and_exits_2(tmp_path: Path):
     assert "--node: " in res.stderr and "not a valid node name" in res.stderr
     assert "--alertmanager: " in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_kernel_log_that_cannot_be_opened_stops_the_watcher_naming_why(tmp_path: Path):
+    """What a pod without the device cgroup's leave sees (measured on the lab's real nodes:
+    tests/nodes/test_xid_watcher_kmsg.py): EPERM on open, named with what it takes."""
+    import errno
+
+    from watcher import cli
+
+    log = tmp_path / "kmsg"
+    assert cli._refused(log) is None  # not there yet: the source waits for it
+    log.write_text("")
+    assert cli._refused(log) is None
+
+    def refuse(path: Path, flags: int) -> int:
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+
+    assert cli._refused(log, refuse) == f"{log}: Operation not permitted"  # a file: no device hint
+    if Path("/dev/kmsg").is_char_device():
+        why = cli._refused(Path("/dev/kmsg"), refuse)
+        assert why is not None and why.startswith("/dev/kmsg: Operation not permitted (")
+        assert "privileged: true or a device plugin" in why and "CAP_SYSLOG" in why

@@ -1,6 +1,6 @@
 """`autoheal preflight`: check an existing cluster against a stack before `pulumi up` installs on it
 (registered into the root CLI through the `autoheal.cli` entry-point group; the checks live in
-components/preflight.py, which the Pulumi program runs too)."""
+components/preflight/, which the Pulumi program runs too)."""
 
 from __future__ import annotations
 

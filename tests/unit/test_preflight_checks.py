@@ -11,6 +11,8 @@ import yaml
 
 from components import preflight as pf
 from components.config import parse_stack_config
+from components.preflight.objects import selector_matches, tolerates
+from components.preflight.prometheus import selects
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,10 +112,10 @@ def test_the_spare_and_quarantine_taints_are_no_problem_on_pool_nodes() -> None:
 
 def test_tolerations_by_value_and_effect() -> None:
     spec = cfg(runner={"tolerateTaints": [{"key": "gpu", "effect": "NoSchedule"}]}).runner.tolerate_taints
-    assert pf._tolerates(spec, {"key": "gpu", "value": "any", "effect": "NoSchedule"})  # Exists
-    assert not pf._tolerates(spec, {"key": "gpu", "effect": "NoExecute"})
+    assert tolerates(spec, {"key": "gpu", "value": "any", "effect": "NoSchedule"})  # Exists
+    assert not tolerates(spec, {"key": "gpu", "effect": "NoExecute"})
     exact = cfg(runner={"tolerateTaints": [{"key": "gpu", "value": "x"}]}).runner.tolerate_taints
-    assert not pf._tolerates(exact, {"key": "gpu", "value": "y", "effect": "NoSchedule"})
+    assert not tolerates(exact, {"key": "gpu", "value": "y", "effect": "NoSchedule"})
 
 
 def test_a_cordoned_or_not_ready_node_is_no_system_node() -> None:
@@ -162,15 +164,15 @@ def test_named_and_default_storage_classes() -> None:
     ],
 )
 def test_label_selectors(selector: Any, labels: dict[str, str], want: bool) -> None:
-    assert pf._matches(selector, labels) is want
+    assert selector_matches(selector, labels) is want
 
 
 def test_a_prometheus_without_a_namespace_selector_looks_only_in_its_own_namespace() -> None:
     prom = {"metadata": {"name": "k8s", "namespace": "monitoring"}, "spec": {"ruleSelector": {}}}
-    assert not pf._selects(prom, "ruleSelector", "ruleNamespaceSelector", {}, "autoheal", {})
-    assert pf._selects(prom, "ruleSelector", "ruleNamespaceSelector", {}, "monitoring", {})
+    assert not selects(prom, "ruleSelector", "ruleNamespaceSelector", {}, "autoheal", {})
+    assert selects(prom, "ruleSelector", "ruleNamespaceSelector", {}, "monitoring", {})
     everywhere = {**prom, "spec": {"ruleSelector": {}, "ruleNamespaceSelector": {}}}
-    assert pf._selects(everywhere, "ruleSelector", "ruleNamespaceSelector", {}, "autoheal", {})
+    assert selects(everywhere, "ruleSelector", "ruleNamespaceSelector", {}, "autoheal", {})
 
 
 def test_no_prometheus_object_warns() -> None:

@@ -1,4 +1,4 @@
-"""The preflight's checks as pure functions over what the API returned (components/preflight.py):
+"""The preflight's checks as pure functions over what the API returned (components/preflight/):
 the corners a live cluster in tests/integration/test_preflight.py does not reach cheaply."""
 
 from __future__ import annotations

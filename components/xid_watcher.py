@@ -125,8 +125,10 @@ def _container(args: XidWatcherArgs) -> k8s.core.v1.ContainerArgs:
 
 
 def kmsg_security_context() -> k8s.core.v1.SecurityContextArgs:
-    """The least that opens a node's /dev/kmsg for reading, measured on real kubelet + containerd
-    2.4 + runc 1.5 nodes (tests/nodes/test_xid_watcher_kmsg.py; docs/operations.md, "Privileges").
+    """The least a pod spec alone can ask for that opens a node's /dev/kmsg for reading (narrower
+    needs a device plugin handing out /dev/kmsg, which no cluster has by default), measured on real
+    kubelet + containerd 2.4 + runc 1.5 nodes (tests/nodes/test_xid_watcher_kmsg.py;
+    docs/operations.md, "Privileges").
 
     Opening /dev/kmsg takes three things: the device node in the container (the hostPath mount),
     the container's device cgroup allowing char 1:11 read, and CAP_SYSLOG in the effective set

@@ -6,7 +6,8 @@ all of its node's GPUs) stays Pending. On EKS the stack declares one, chosen by
 
 * ``nvidia``: NVIDIA's k8s-device-plugin as a plain DaemonSet in kube-system, by digest;
 * ``gpu-operator``: NVIDIA's GPU Operator chart (a Helm release, pinned to a chart version), which
-  brings its own device plugin (and its own dcgm-exporter: set `monitoring.dcgmExporter: false`);
+  brings its own device plugin, and its own dcgm-exporter only where the stack runs none
+  (`monitoring.dcgmExporter: false`): one exporter per GPU, not two;
 * ``none``: the cluster already runs one (the preflight checks a node advertises the resource).
 
 The DaemonSets run on the pools' nodes only (the pool label), tolerating the pools' taints, the
@@ -147,10 +148,11 @@ def _plugin_daemon_set(
 
 
 def gpu_operator(
-    parent: pulumi.Resource, name: str, placement: DevicePluginPlacement, version: str
+    parent: pulumi.Resource, name: str, placement: DevicePluginPlacement, version: str, dcgm_exporter: bool
 ) -> k8s.helm.v3.Release:
     """NVIDIA's GPU Operator, pinned to a chart version; its operands run on the pools' nodes.
-    The EKS GPU AMIs ship the driver and container toolkit, so the operator installs neither."""
+    The EKS GPU AMIs ship the driver and container toolkit, so the operator installs neither;
+    its dcgm-exporter runs when `dcgm_exporter` (the stack runs none of its own)."""
     tolerations = [t.as_dict() for t in (*placement.taints, SPARE_TAINT, QUARANTINE_TOLERATION)]
     for t in tolerations:
         t["operator"] = "Equal" if "value" in t else "Exists"
@@ -165,6 +167,7 @@ def gpu_operator(
         values={
             "driver": {"enabled": False},
             "toolkit": {"enabled": False},
+            "dcgmExporter": {"enabled": dcgm_exporter},
             "daemonsets": {"tolerations": tolerations},
             "node-feature-discovery": {"worker": {"tolerations": tolerations}},
         },

@@ -119,6 +119,7 @@ def platform_args(cfg: StackSpec, cluster: KubernetesCluster, pools: list[GpuNod
         device_plugin=eks.device_plugin,
         device_plugin_image=eks.device_plugin_image,
         gpu_operator_version=eks.gpu_operator_version,
+        operator_dcgm_exporter=not cfg.monitoring.dcgm_exporter,
         efa_device_plugin_image=eks.efa_device_plugin_image,
         ebs_class=eks.storage.ebs_class if eks.storage.ebs_class in named else None,
         efs_class=eks.storage.efs_class if eks.storage.efs_class in named else None,

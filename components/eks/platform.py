@@ -62,6 +62,8 @@ class EksPlatformArgs:
     device_plugin: DevicePlugin = "nvidia"
     device_plugin_image: str = NVIDIA_DEVICE_PLUGIN_IMAGE
     gpu_operator_version: str = GPU_OPERATOR_VERSION
+    # the GPU Operator's dcgm-exporter: where the stack runs none of its own (GpuMonitoring)
+    operator_dcgm_exporter: bool = False
     efa_device_plugin_image: str = EFA_DEVICE_PLUGIN_IMAGE
     ebs_class: str | None = None  # a StorageClass name the stack's claims use; None: not made
     efs_class: str | None = None
@@ -95,7 +97,7 @@ class EksPlatform(pulumi.ComponentResource):
         if a.device_plugin == "nvidia":
             nvidia_device_plugin(self, name, gpus, a.device_plugin_image)
         elif a.device_plugin == "gpu-operator":
-            gpu_operator(self, name, gpus, a.gpu_operator_version)
+            gpu_operator(self, name, gpus, a.gpu_operator_version, a.operator_dcgm_exporter)
         efa = [p for p in a.pools if p.pool.name in a.efa_pools]
         if efa:
             efa_device_plugin(self, name, self._placement(efa), a.efa_device_plugin_image)

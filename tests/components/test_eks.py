@@ -162,6 +162,12 @@ def test_device_plugin_none_declares_none_and_gpu_operator_is_a_pinned_helm_rele
     (release,) = rec.of_type("kubernetes:helm.sh/v3:Release")
     assert (release.inputs["chart"], release.inputs["version"]) == ("gpu-operator", "v24.9.1")
     assert release.inputs["values"]["driver"] == {"enabled": False}  # the EKS GPU AMI has it
+    assert release.inputs["values"]["dcgmExporter"] == {"enabled": False}  # the stack runs its own
+    assert "dcgm-exporter" in {r.k8s_name for r in rec.of_type(DAEMON_SET)}
+    rec = build(edited(cluster=cluster, monitoring={"dcgmExporter": False}))
+    (release,) = rec.of_type("kubernetes:helm.sh/v3:Release")
+    assert release.inputs["values"]["dcgmExporter"] == {"enabled": True}
+    assert "dcgm-exporter" not in {r.k8s_name for r in rec.of_type(DAEMON_SET)}
     cluster["eks"]["devicePlugin"] = "nvidia-ish"
     with pytest.raises(Exception, match=r"autoheal:cluster\.eks\.devicePlugin"):
         parse_stack_config(edited(cluster=cluster))

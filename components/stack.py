@@ -296,3 +296,7 @@ def export_outputs(stack: Stack) -> None:
     pulumi.export("loginHostKey", stack.slurm.login_host_key)
     pulumi.export("webhookUrl", stack.runner.webhook_url)
     pulumi.export("pools", {p.slurm_pool.name: p.slurm_pool.node_names() for p in stack.pools})
+    if stack.cluster.eks is not None and stack.platform is not None:
+        # what `aws eks update-kubeconfig --name` and an audit of the runner's AWS rights need
+        pulumi.export("eksClusterName", stack.cluster.eks.cluster_name)
+        pulumi.export("runnerRoleArn", stack.platform.runner_role_arn)

@@ -389,7 +389,7 @@ class StackSpec(_Model):
     monitoring: MonitoringSpec = MonitoringSpec()
     runner: RunnerSpec = RunnerSpec()
     wait_for_rollout: bool = Field(default=True, alias="waitForRollout")
-    # `pulumi up` checks the cluster first (components/preflight.py); false only where the
+    # `pulumi up` checks the cluster first (components/preflight/); false only where the
     # cluster runs no pods by design (the KWOK lab: no storage provisioner, no real node)
     preflight: bool = True
 

@@ -59,6 +59,8 @@ def stateful_what(rtype: str, inputs: Mapping[str, Any]) -> str | None:
         return f"GPU node pool {_labels(inputs).get(lb.POOL_LABEL, name)} (its nodes are retired)"
     if rtype == "aws:eks/nodeGroup:NodeGroup":
         return f"EKS node group {inputs.get('nodeGroupName', '?')}: every GPU node of the pool"
+    if rtype == "aws:efs/fileSystem:FileSystem":
+        return "the EFS file system behind the shared volumes (home, checkpoints): every file on it"
     if rtype == "aws:eks/cluster:Cluster":
         return "the EKS control plane and everything running on it"
     if rtype == "pulumi-python:dynamic:Resource":

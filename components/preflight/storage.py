@@ -19,6 +19,8 @@ def _storage_wants(cfg: StackSpec) -> dict[str | None, list[str]]:
     st = cfg.slurm.storage
     wants.setdefault(st.state_storage_class, []).append("slurm.storage.stateStorageClass")
     wants.setdefault(st.shared_storage_class, []).append("slurm.storage.sharedStorageClass")
+    if st.checkpoint_storage_class is not None:  # unset: checkpoints share the shared class
+        wants.setdefault(st.checkpoint_storage_class, []).append("slurm.storage.checkpointStorageClass")
     if cfg.runner.journal == "sqlite":  # a PostgreSQL journal has no volume of ours
         wants.setdefault(cfg.runner.journal_storage_class, []).append("runner.journalStorageClass")
     return wants

@@ -145,6 +145,12 @@ def test_named_and_default_storage_classes() -> None:
     assert checks["storage: default class"].detail == (
         "gp3 (for slurm.storage.stateStorageClass, runner.journalStorageClass unset)"
     )
+    # checkpoints on a class of their own (FSx for Lustre): that class is asked for too
+    fsx = by_name(pf.check_storage(cfg(slurm={"storage": {"checkpointStorageClass": "fsx"}}), v))
+    assert (
+        fsx["storage: fsx"].status == "fail"
+        and "slurm.storage.checkpointStorageClass" in fsx["storage: fsx"].detail
+    )
     # a PostgreSQL journal has no volume: its class is not asked for
     pg = {"journal": "postgres", "postgres": {"url": "postgresql://a@db/j"}, "journalStorageClass": "nope"}
     assert "storage: nope" not in by_name(pf.check_storage(cfg(runner=pg), v))

@@ -4,7 +4,7 @@ are installed, and a Prometheus (an Alertmanager) selects the objects the stack 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from components.config import StackSpec
@@ -90,30 +90,7 @@ def _selector_check(cfg: StackSpec, view: ClusterView, extra: Mapping[str, str])
             "no Prometheus object in the cluster: the rules and the ServiceMonitor would be loaded by none",
             "create a Prometheus (kube-prometheus-stack does) or point monitoring at the one you run",
         )
-    # (kind of our object, its labels, the objects that may select it, their two selector keys)
-    wants = [
-        (
-            "PrometheusRule",
-            {**extra, **RULE_LABELS},
-            view.prometheuses,
-            "ruleSelector",
-            "ruleNamespaceSelector",
-        ),
-        (
-            "ServiceMonitor",
-            {**extra, **DCGM_LABELS},
-            view.prometheuses,
-            "serviceMonitorSelector",
-            "serviceMonitorNamespaceSelector",
-        ),
-        (
-            "AlertmanagerConfig",
-            {**extra, **ALERTMANAGER_LABELS},
-            view.alertmanagers or [],
-            "alertmanagerConfigSelector",
-            "alertmanagerConfigNamespaceSelector",
-        ),
-    ]
+    wants = _selections(extra, RULE_LABELS, DCGM_LABELS, ALERTMANAGER_LABELS, view)
     unselected, selected = [], []
     for kind, labels, owners, sel, ns_sel in wants:
         by = [_owner(o) for o in owners if selects(o, sel, ns_sel, labels, ns, ns_labels)]
@@ -133,3 +110,40 @@ def _selector_check(cfg: StackSpec, view: ClusterView, extra: Mapping[str, str])
             "{release: <its release name>}), and let their namespace selectors take namespace " + ns,
         )
     return Check(row, "pass", "; ".join(selected))
+
+
+_Selection = tuple[str, dict[str, str], Sequence[Mapping[str, Any]], str, str]
+
+
+def _selections(
+    extra: Mapping[str, str],
+    rule_labels: Mapping[str, str],
+    dcgm_labels: Mapping[str, str],
+    alertmanager_labels: Mapping[str, str],
+    view: ClusterView,
+) -> list[_Selection]:
+    """(kind of our object, its labels, the objects that may select it, their two selector keys)"""
+    prometheuses = view.prometheuses or []
+    return [
+        (
+            "PrometheusRule",
+            {**extra, **rule_labels},
+            prometheuses,
+            "ruleSelector",
+            "ruleNamespaceSelector",
+        ),
+        (
+            "ServiceMonitor",
+            {**extra, **dcgm_labels},
+            prometheuses,
+            "serviceMonitorSelector",
+            "serviceMonitorNamespaceSelector",
+        ),
+        (
+            "AlertmanagerConfig",
+            {**extra, **alertmanager_labels},
+            view.alertmanagers or [],
+            "alertmanagerConfigSelector",
+            "alertmanagerConfigNamespaceSelector",
+        ),
+    ]

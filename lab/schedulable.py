@@ -283,11 +283,13 @@ def assumed_objects(rows: Sequence[Row]) -> tuple[list[dict[str, Any]], list[str
         "metadata": {"name": ASSUMED_DEFAULT_CLASS, "annotations": {DEFAULT_CLASS_ANNOTATION: "true"}},
         "provisioner": "existing-cluster.invalid/default",
     }
-    note = (
+    notes = [
         "assumed: the existing cluster has a default StorageClass for claims naming none "
-        "(autoheal preflight checks it)"
-    )
-    return [default_class], [note]
+        "(autoheal preflight checks it)",
+        "the pools' nodes are sized as the pool description says, not as the cluster's nodes are "
+        "(autoheal preflight checks a Guaranteed slurmd fits them)",
+    ]
+    return [default_class], notes
 
 
 def _ref(obj: Mapping[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from autoheal.labels import GPU_RESOURCE
@@ -37,6 +38,16 @@ def _quantity(value: Any) -> int:
         return int(str(value))
     except ValueError:
         return 0
+
+
+def quantity(value: Any) -> Decimal:
+    """A Kubernetes quantity ("191450m", "2048Gi", 8) as a number; unparsable counts as none."""
+    from kubernetes.utils.quantity import parse_quantity
+
+    try:
+        return Decimal(parse_quantity(value))  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError):
+        return Decimal(0)
 
 
 def gpus_of(node: Mapping[str, Any]) -> int:

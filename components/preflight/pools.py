@@ -1,14 +1,24 @@
 """Per GPU pool, three rows: its nodes (size + spares of them, Ready), their labels and taints
-(the pool's labels; no taint its slurmd pods do not tolerate), and the GPUs they advertise."""
+(the pool's labels; no taint its slurmd pods do not tolerate), and the GPUs they advertise; a
+fourth for a Guaranteed pool: room on each node for slurmd's request."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from autoheal import labels as lb
 from components.config import PoolSpec, StackSpec, TaintSpec
 from components.preflight.model import Check, ClusterView
-from components.preflight.objects import blocking_taints, gpus_of, is_ready, labels_of, listed, name_of
+from components.preflight.objects import (
+    blocking_taints,
+    gpus_of,
+    is_ready,
+    labels_of,
+    listed,
+    name_of,
+    quantity,
+)
 
 # A DaemonSet's pods tolerate these by themselves (the node lifecycle's own taints).
 _DAEMONSET_TOLERATED = (
@@ -34,6 +44,8 @@ def check_pool_nodes(cfg: StackSpec, view: ClusterView) -> list[Check]:
         if members:  # without nodes, the other rows would only say so again
             out.append(_labels_taints_check(pool, index, members))
             out.append(_gpus_check(pool, members))
+            if cfg.guaranteed(pool):
+                out.append(_room_check(pool, members))
     return out
 
 
@@ -158,3 +170,35 @@ def _gpus_check(pool: PoolSpec, members: list[Node]) -> Check:
         "check the device plugin's pods on those nodes (and the GPUs: nvidia-smi), "
         "or set gpusPerNode to what each node has",
     )
+
+
+def _room_check(pool: PoolSpec, members: list[Node]) -> Check:
+    """A Guaranteed slurmd asks for the CPUs and memory Slurm is told the node has, plus its munge
+    sidecar: a node whose allocatable is smaller never runs it."""
+    row = f"pool {pool.name}: room for slurmd"
+    cpu, memory = slurmd_request(pool)
+    short = []
+    for node in members:
+        alloc = node.get("status", {}).get("allocatable") or {}
+        have_cpu, have_memory = quantity(alloc.get("cpu", 0)), quantity(alloc.get("memory", 0))
+        if have_cpu < cpu or have_memory < memory:
+            short.append(f"{name_of(node)} ({have_cpu} CPUs, {have_memory / 2**20:.0f}Mi)")
+    asked = f"{cpu} CPUs and {memory / 2**20:.0f}Mi (cpus, realMemoryMb and the munge sidecar)"
+    if not short:
+        return Check(row, "pass", f"every node's allocatable fits slurmd's {asked}")
+    return Check(
+        row,
+        "fail",
+        f"slurmd is Guaranteed and asks for {asked}; allocatable is less on {listed(sorted(short))}",
+        "lower the pool's cpus / realMemoryMb to what the nodes' allocatable holds beside their "
+        "DaemonSets, or set guaranteed: false",
+    )
+
+
+def slurmd_request(pool: PoolSpec) -> tuple[Decimal, Decimal]:
+    """(CPUs, bytes) a Guaranteed slurmd pod of `pool` requests: slurmd and its munge sidecar."""
+    from components.slurm.workers import MUNGE_RESOURCES  # loads Pulumi: only when asked
+
+    cpu = Decimal(pool.cpus) + quantity(MUNGE_RESOURCES["cpu"])
+    memory = Decimal(pool.real_memory_mb) * 2**20 + quantity(MUNGE_RESOURCES["memory"])
+    return cpu, memory

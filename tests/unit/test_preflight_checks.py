@@ -244,3 +244,22 @@ def test_selectors_of_prometheus_and_alertmanager_objects() -> None:
         "PrometheusRule (namespace gpu-ops) is selected by none"
     )
     assert "AlertmanagerConfig (namespace gpu-ops)" in sel.detail and "ServiceMonitor" not in sel.detail
+
+
+def test_a_guaranteed_pool_needs_room_for_slurmds_request_on_every_node() -> None:
+    """slurmd asks for the pool's cpus and realMemoryMb (plus its munge sidecar) as requests =
+    limits: a node whose allocatable is smaller is named; a pool that is not Guaranteed has no row."""
+
+    def sized(name: str, cpu: str, memory: str) -> dict[str, Any]:
+        n = node(name)
+        n["status"]["allocatable"].update(cpu=cpu, memory=memory)
+        return n
+
+    pool = {"cpus": 94, "realMemoryMb": 1_100_000, "guaranteed": True}
+    nodes = [sized("big", "95690m", "1171186Mi"), sized("small", "94", "1100000Mi")]
+    room = by_name(pf.check_pool_nodes(cfg(pool=pool), view(nodes)))["pool h100: room for slurmd"]
+    assert room.status == "fail" and "small (94 CPUs" in room.detail and "big" not in room.detail
+    assert "94.050 CPUs" in room.detail and "guaranteed: false" in (room.fix or "")
+    fits = by_name(pf.check_pool_nodes(cfg(pool=pool), view(nodes[:1])))["pool h100: room for slurmd"]
+    assert fits.status == "pass"
+    assert "pool h100: room for slurmd" not in by_name(pf.check_pool_nodes(cfg(), view(nodes)))

@@ -35,6 +35,8 @@ def enter() -> Path | None:
     os.environ[disk.SCRATCH_ENV] = str(path)
     os.environ["TMPDIR"] = str(path)
     os.environ["ANSIBLE_LOCAL_TEMP"] = str(path / "ansible")
+    # every play here connects locally: its module payloads too (a killed play leaves them behind)
+    os.environ["ANSIBLE_REMOTE_TEMP"] = str(path / "ansible-remote")
     tempfile.tempdir = None  # gettempdir() caches its answer: make it read TMPDIR again
     return path
 

@@ -26,6 +26,8 @@ def molecule_test(project: Path, lab_root: Path) -> subprocess.CompletedProcess[
     env.update(
         PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', os.defpath)}",
         AUTOHEAL_MOLECULE_LAB_ROOT=str(lab_root),
+        # molecule's state and inventory, else under ~/.ansible/tmp for good (one per scenario run)
+        MOLECULE_EPHEMERAL_DIRECTORY=str(lab_root / "molecule-ephemeral"),
         ANSIBLE_NOCOLOR="1",
         PY_COLORS="0",
     )

@@ -94,7 +94,7 @@ def test_b():
     child = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.mkdtemp())"],
                            capture_output=True, text=True, check=True).stdout.strip()
     with open(os.environ["SCRATCH_REPORT"], "w") as f:  # outside the folder: the test reads it
-        f.write(" ".join([path, child, os.environ["ANSIBLE_LOCAL_TEMP"]]))
+        f.write(" ".join([path, child, os.environ["ANSIBLE_LOCAL_TEMP"], os.environ["ANSIBLE_REMOTE_TEMP"]]))
     assert path.startswith(os.environ["AUTOHEAL_TEST_SCRATCH"] + "/")
     assert child.startswith(os.environ["AUTOHEAL_TEST_SCRATCH"] + "/")
 """
@@ -103,13 +103,14 @@ def test_b():
 def test_a_run_keeps_its_temporary_files_in_one_folder_that_its_end_removes(tmp_path: Path) -> None:
     system_tmp = tmp_path / "systmp"
     system_tmp.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in (disk.SCRATCH_ENV, "ANSIBLE_LOCAL_TEMP")}
+    ours = (disk.SCRATCH_ENV, "ANSIBLE_LOCAL_TEMP", "ANSIBLE_REMOTE_TEMP")
+    env = {k: v for k, v in os.environ.items() if k not in ours}
     env.update(TMPDIR=str(system_tmp), SCRATCH_REPORT=str(tmp_path / "files"))
     # two workers: they, and what they start, use the folder their controller made
     res = _run_suite(tmp_path, "600", "-n", "2", env=env, test=SCRATCH_TEST)
     assert res.returncode == 0, res.stdout + res.stderr
     files = (tmp_path / "files").read_text().split()
-    assert len(files) == 3 and not any(Path(f).exists() for f in files), files
+    assert len(files) == 4 and not any(Path(f).exists() for f in files), files
     assert all(f.startswith(f"{system_tmp}/{disk.SCRATCH_PREFIX}") for f in files), files
     assert list(system_tmp.iterdir()) == []  # pytest's own folders went with it
     kept = _run_suite(tmp_path, "600", env={**env, "AUTOHEAL_KEEP_TMP": "1"}, test=SCRATCH_TEST)

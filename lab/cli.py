@@ -188,7 +188,7 @@ def lab_schedulable(
     if json_:
         out.print_json(json.dumps({"stack": stack, **report.as_dict()}))
     else:
-        out.print(report.text(), markup=False, highlight=False)
+        typer.echo(report.text())  # plain lines: rich would wrap them at 80 columns in a pipe
     raise typer.Exit(0 if report.ok else 1)
 
 

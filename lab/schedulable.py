@@ -483,7 +483,8 @@ def _settle(
     last_sig, last_change = "", time.monotonic()
     while True:
         _provision(http, known)
-        for pod in _pods(http):
+        state = _snapshot(http)
+        for pod in state.pods:  # a plugin's pod that has a node advertises there (seen next round)
             owner = _owner(pod)
             resource = advertisers.get((pod["metadata"]["namespace"], owner)) if owner else None
             node = pod["spec"].get("nodeName")
@@ -491,7 +492,6 @@ def _settle(
                 amount = shapes[node].devices.get(resource, 0)
                 _advertise(http, node, {resource: amount})
                 advertised.add((node, resource))
-        state = _snapshot(http)
         now = time.monotonic()
         if state.signature != last_sig:
             last_sig, last_change = state.signature, now

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from review.model import CannotRun, LintFinding
 
@@ -30,22 +31,25 @@ def ansible_lint(project: Path, env: Mapping[str, str]) -> tuple[bool, list[Lint
     if not targets:
         raise CannotRun("no playbooks/ or roles/ to lint")
     lint = _tool("ansible-lint", env, "pip install -e '.[dev]'")
+    argv = [lint, "--offline", "--nocolor", "-q", "-f", "codeclimate", *targets]
+    returncode, rows = _json_report("ansible-lint", argv, project, env, empty="[]")
+    findings = [_finding(r) for r in rows]
+    return returncode == 0, findings
+
+
+def _json_report(
+    name: str, argv: list[str], project: Path, env: Mapping[str, str], empty: str = ""
+) -> tuple[int, Any]:
+    """Run a tool that prints a JSON report in `project`: (its exit code, the report); a
+    RuntimeError naming it when it printed none (`empty`: what no output stands for)."""
     res = subprocess.run(
-        [lint, "--offline", "--nocolor", "-q", "-f", "codeclimate", *targets],
-        cwd=project,
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+        argv, cwd=project, env=dict(env), capture_output=True, text=True, timeout=900, check=False
     )
     try:
-        rows = json.loads(res.stdout or "[]")
+        return res.returncode, json.loads(res.stdout or empty)
     except json.JSONDecodeError as exc:
         tail = (res.stdout + res.stderr).strip()[-500:]
-        raise RuntimeError(f"ansible-lint printed no report (exit {res.returncode}): {tail}") from exc
-    findings = [_finding(r) for r in rows]
-    return res.returncode == 0, findings
+        raise RuntimeError(f"{name} printed no report (exit {res.returncode}): {tail}") from exc
 
 
 def _dig(value: object, *keys: str) -> object:
@@ -102,22 +106,8 @@ def schedulable(project: Path, stack: str, env: Mapping[str, str]) -> tuple[bool
     """`autoheal lab schedulable` on the change's stack (the proof lives in the lab, a sibling
     layer: run, not imported): (schedulable, its findings in one line)."""
     autoheal = _tool("autoheal", env, "pip install -e .")
-    res = subprocess.run(
-        [autoheal, "lab", "schedulable", "--stack", stack, "--project", str(project), "--json"],
-        cwd=project,
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    try:
-        report = json.loads(res.stdout)
-    except json.JSONDecodeError as exc:
-        tail = (res.stdout + res.stderr).strip()[-500:]
-        raise RuntimeError(
-            f"autoheal lab schedulable printed no report (exit {res.returncode}): {tail}"
-        ) from exc
+    argv = [autoheal, "lab", "schedulable", "--stack", stack, "--project", str(project), "--json"]
+    _, report = _json_report("autoheal lab schedulable", argv, project, env)
     pods = report["pods"]
     findings = [f"{f['object']}: {f['problem']}" for f in report["findings"]]
     summary = f"{pods['bound']} of {pods['total']} pods bound"

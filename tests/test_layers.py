@@ -22,7 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-PACKAGES = ("autoheal", "remediation", "components", "policy", "images", "watcher", "lab", "bench")
+PACKAGES = ("autoheal", "remediation", "pools", "components", "policy", "images", "watcher", "lab", "bench")
 COLLECTION = REPO / "collections" / "ansible_collections" / "autoheal" / "cluster"
 
 

@@ -34,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from autoheal.backends import PoolBackendName, default_backend
 from autoheal.errors import ConfigError
 from autoheal.imagelock import LOCK_FILE, read_lock
 from autoheal.journalrules import JournalKind, postgres_url_problem, replicas_problem
@@ -187,6 +188,8 @@ class PoolSpec(_Model):
     # Why this pool may run without spares or remediation; the policy pack decides, not this model.
     waiver: str | None = None
     eks: EksNodeGroupSpec | None = None
+    # how the runbook reboots and retires this pool's nodes (pools/); default: StackSpec.backend
+    backend: PoolBackendName | None = None
 
     @field_validator("name")
     @classmethod
@@ -402,6 +405,11 @@ class StackSpec(_Model):
             dupes = sorted({v for v in values if values.count(v) > 1})
             if dupes:
                 raise ValueError(f"pool {what} must be unique (pools), repeated: {', '.join(dupes)}")
+        for i, pool in enumerate(self.pools):
+            if pool.backend == "lab" and self.cluster.backend == "eks":
+                raise ValueError(
+                    f"pools[{i}] ({pool.name}): backend 'lab' is the lab's pool controller; on EKS use 'aws'"
+                )
         if self.cluster.backend == "eks":
             missing = [p.name for p in self.pools if p.eks is None]
             if missing:
@@ -413,6 +421,10 @@ class StackSpec(_Model):
                     if problem:
                         raise ValueError(f"pools[{i}] ({pool.name}): {problem} (or guaranteed: false)")
         return self
+
+    def backend(self, pool: PoolSpec) -> str:
+        """The pool's backend: as declared, else the cluster's default (autoheal.backends)."""
+        return pool.backend or default_backend(self.cluster.backend)
 
     def guaranteed(self, pool: PoolSpec) -> bool:
         """Whether the pool's slurmd pods are Guaranteed (PoolSpec.guaranteed, by default on EKS)."""

@@ -14,7 +14,10 @@ The ConfigMap (`autoheal-pool-<name>`, labelled `app.kubernetes.io/component=nod
      "nodeLabels", "taints": [{"key","value"?,"effect"}],
      "spare": {"label": {"key","value"}, "taint": {"key","value","effect"}},
      "nodeNames": {"active": [...], "spares": [...], "future": [...]},
-     "remediation": {"enabled": bool, "waiver": str | null}, "backend": "kubeconfig" | "eks"}
+     "remediation": {"enabled": bool, "waiver": str | null}, "cluster": "kubeconfig" | "eks",
+     "backend": "lab" | "aws" | "karpenter" | "none"}
+
+`backend` is how the runbook reboots and retires the pool's nodes (pools/, autoheal.backends).
 
 Spares are nodes of the same pool that additionally carry the label `autoheal.io/spare=true` and
 the taint `autoheal.io/spare=true:NoSchedule` (and are DRAIN in Slurm) until the runbook promotes
@@ -35,6 +38,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from autoheal import labels as lb
+from autoheal.backends import POOL_BACKENDS
 from autoheal.names import is_node_name
 from autoheal.slurmconf import SlurmPool
 from components.cluster import EksCluster
@@ -97,6 +101,7 @@ class GpuNodePoolArgs:
     cpus: int = 2
     real_memory_mb: int = 1000
     guaranteed: bool = False  # PoolPlacement.guaranteed
+    backend: str = "none"  # autoheal.backends: how the runbook reboots and retires its nodes
     remediation: bool = True
     # A reason recorded on the pool when it runs without spares or without remediation on purpose;
     # the policy pack accepts such a pool only when this is set.
@@ -116,6 +121,9 @@ class GpuNodePoolArgs:
             raise ValueError(f"pool {self.name}: spares and headroom must not be negative")
         if self.gpus_per_node < 1:
             raise ValueError(f"pool {self.name}: gpus_per_node must be at least 1")
+        if self.backend not in POOL_BACKENDS:
+            known = ", ".join(POOL_BACKENDS)
+            raise ValueError(f"pool {self.name}: backend {self.backend!r} is not one of {known}")
         if (self.eks is None) != (self.eks_cluster is None):
             raise ValueError(f"pool {self.name}: eks and eks_cluster go together")
 
@@ -266,6 +274,7 @@ def describe_pool(args: GpuNodePoolArgs, pool: SlurmPool, node_labels: Mapping[s
             "future": pool.future_nodes(),
         },
         "remediation": {"enabled": args.remediation, "waiver": args.waiver},
-        "backend": "eks" if args.eks is not None else "kubeconfig",
+        "cluster": "eks" if args.eks is not None else "kubeconfig",
+        "backend": args.backend,
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"

@@ -47,7 +47,7 @@ def build_stack(
     cluster = KubernetesCluster("cluster", cluster_args(cfg, root))
     k8s_opts = pulumi.ResourceOptions(provider=cluster.provider)
     pools = [
-        GpuNodePool(f"pool-{p.name}", pool_args(p, cluster, cfg.guaranteed(p)), opts=k8s_opts)
+        GpuNodePool(f"pool-{p.name}", pool_args(p, cluster, cfg.guaranteed(p), cfg.backend(p)), opts=k8s_opts)
         for p in cfg.pools
     ]
     platform = EksPlatform("eks", platform_args(cfg, cluster, pools), opts=k8s_opts) if cluster.eks else None
@@ -150,7 +150,9 @@ def stack_storage_classes(cfg: StackSpec) -> set[str]:
     return {n for n in names if n}
 
 
-def pool_args(p: PoolSpec, cluster: KubernetesCluster, guaranteed: bool = False) -> GpuNodePoolArgs:
+def pool_args(
+    p: PoolSpec, cluster: KubernetesCluster, guaranteed: bool = False, backend: str = "none"
+) -> GpuNodePoolArgs:
     eks = p.eks if cluster.eks else None
     return GpuNodePoolArgs(
         name=p.name,
@@ -166,6 +168,7 @@ def pool_args(p: PoolSpec, cluster: KubernetesCluster, guaranteed: bool = False)
         cpus=p.cpus,
         real_memory_mb=p.real_memory_mb,
         guaranteed=guaranteed,
+        backend=backend,
         remediation=p.remediation,
         waiver=p.waiver,
         eks=(
@@ -234,7 +237,12 @@ def runner_args(
         service_port=rc.service_port,
         rules_yaml=rules_yaml,
         playbooks=playbooks,
-        settings={"grace_seconds": cfg.slurm.grace_seconds, **rc.settings},
+        settings={
+            "grace_seconds": cfg.slurm.grace_seconds,
+            # each pool's backend, for the runbook's reboot and retire of its nodes
+            "pool_backends": {p.name: cfg.backend(p) for p in cfg.pools},
+            **rc.settings,
+        },
         dry_run=rc.dry_run,
         journal_size=rc.journal_size,
         journal_storage_class=rc.journal_storage_class,

@@ -38,7 +38,7 @@ def check_api_server(kubeconfig: Path | None) -> str | None:
     from kubernetes import client, config
 
     try:
-        api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        api = config.new_client_from_config(config_file=str(kubeconfig))
         with api:
             client.CoreV1Api(api).list_node(limit=1, _request_timeout=PROBE_TIMEOUT_S, _preload_content=False)
     except client.exceptions.ApiException as exc:

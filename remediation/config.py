@@ -13,8 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
 
+from autoheal.backends import PoolBackendName
 from autoheal.journalrules import dsn_has_password
 from autoheal.labels import OPT_OUT_LABEL, POOL_LABEL, QUARANTINED, STATE_LABEL
+from autoheal.names import is_node_name
 from autoheal.yamlfile import read_yaml
 from remediation.cordon_sync import DEFAULT_IGNORED_TAINTS
 from remediation.errors import RunnerConfigError
@@ -102,6 +104,34 @@ class CordonSyncSettings(BaseModel):
     journal_path: Path | None = Field(default=None, description="default: <state_dir>/cordon-sync.jsonl")
 
 
+class SpareKeeperSettings(BaseModel):
+    """The spare keeper (remediation/spares.py): leader only, off unless turned on; needs a cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    namespace: str = Field(
+        default="",
+        pattern=r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?$",
+        description="where the pool ConfigMaps are; default: the pod's ($POD_NAMESPACE), else autoheal",
+    )
+    interval_seconds: float = Field(default=15.0, ge=1, le=3600)
+    journal_path: Path | None = Field(default=None, description="default: <state_dir>/spare-keeper.jsonl")
+
+
+class DeadNodeSettings(BaseModel):
+    """Dead dynamic nodes leave Slurm (remediation/dead_nodes.py): leader only, off unless turned on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    grace_seconds: float = Field(
+        default=30.0, ge=0, le=86400, description="how long a Node must be gone (a re-registration is not)"
+    )
+    interval_seconds: float = Field(default=10.0, ge=1, le=3600)
+    journal_path: Path | None = Field(default=None, description="default: <state_dir>/dead-nodes.jsonl")
+
+
 class RunnerConfig(BaseModel):
     """Everything `autoheal serve` needs; see config/runner.yaml for a commented example."""
 
@@ -173,10 +203,17 @@ class RunnerConfig(BaseModel):
         default=False, description="/readyz also checks the API server and slurmctld (on in a pod)"
     )
     cordon_sync: CordonSyncSettings = CordonSyncSettings()
+    spare_keeper: SpareKeeperSettings = SpareKeeperSettings()
+    dead_nodes: DeadNodeSettings = DeadNodeSettings()
     leader_election: LeaderElection = LeaderElection()
     play_vars: dict[str, Any] = Field(
         default_factory=dict,
         description="static extra vars for every play (e.g. autoheal_slurm_conf); rules override",
+    )
+    pool_backends: dict[str, PoolBackendName] = Field(
+        default_factory=dict,
+        description="pool -> how its nodes are rebooted and retired (autoheal.backends); an incident"
+        " admitted on a node of such a pool runs with autoheal_backend set so, unless its rule sets it",
     )
 
     @model_validator(mode="after")
@@ -191,6 +228,14 @@ class RunnerConfig(BaseModel):
                 "journal_dsn: carries a password; remove it and give it as PGPASSWORD or in PGPASSFILE"
             )
         return self
+
+    @field_validator("pool_backends")
+    @classmethod
+    def _pool_backends(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = sorted(p for p in value if not is_node_name(p) or "." in p)
+        if bad:
+            raise ValueError(f"pool names must be DNS labels (a-z, 0-9, '-'); got {bad}")
+        return value
 
     @field_validator("play_vars")
     @classmethod

@@ -60,6 +60,8 @@ class KubeNode:
     unschedulable: bool = False
     taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, effect)
     labels: Mapping[str, str] = field(default_factory=dict)
+    ready: bool = True  # the Ready condition (the spare keeper decides only on Ready nodes)
+    created: str = ""  # creationTimestamp (RFC 3339): the spare keeper takes new nodes oldest first
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> KubeNode:
@@ -69,7 +71,10 @@ class KubeNode:
             for t in spec.get("taints") or []
         )
         labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-        return cls(str(meta["name"]), bool(spec.get("unschedulable")), taints, labels)
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        created = str(meta.get("creationTimestamp") or "")
+        return cls(str(meta["name"]), bool(spec.get("unschedulable")), taints, labels, ready, created)
 
     def owned_by_runbook(self) -> bool:
         return self.labels.get(STATE_LABEL) == QUARANTINED or SPARE_LABEL in self.labels
@@ -93,6 +98,9 @@ class SlurmNode:
     name: str
     drained: bool  # DRAIN flag, or DOWN: no new job lands either way
     reason: str
+    dynamic: bool = False  # registered by `slurmd -Z` (DYNAMIC_NORM): may be deleted, unlike slurm.conf's
+    busy: bool = False  # jobs allocated or completing on it (ALLOCATED, MIXED, COMPLETING, alloc_cpus)
+    comment: str = ""  # the node comment (a promoted spare's "autoheal: replaces ...")
 
 
 @dataclass(frozen=True)
@@ -133,12 +141,27 @@ def _flags(node: Mapping[str, Any]) -> set[str]:
     return {str(w).upper() for w in words}
 
 
+_BUSY = {"ALLOCATED", "MIXED", "COMPLETING"}
+
+
+def _alloc_cpus(node: Mapping[str, Any]) -> int:
+    value = node.get("alloc_cpus")
+    if isinstance(value, dict):  # 24.x "number" objects: {"set", "infinite", "number"}
+        value = value.get("number")
+    return value if isinstance(value, int) else 0
+
+
 def parse_sinfo(text: str) -> dict[str, SlurmNode]:
     out = {}
     for node in json.loads(text).get("nodes") or []:
         flags = _flags(node)
         out[str(node["name"])] = SlurmNode(
-            str(node["name"]), bool(flags & {"DRAIN", "DOWN"}), str(node.get("reason") or "")
+            str(node["name"]),
+            bool(flags & {"DRAIN", "DOWN"}),
+            str(node.get("reason") or ""),
+            dynamic="DYNAMIC_NORM" in flags,
+            busy=bool(flags & _BUSY) or _alloc_cpus(node) > 0,
+            comment=str(node.get("comment") or ""),
         )
     return out
 
@@ -176,11 +199,16 @@ class SlurmCli:
     def resume(self, names: Sequence[str]) -> None:
         self._run("scontrol", "update", f"nodename={','.join(names)}", "state=resume")
 
+    def delete(self, name: str) -> None:
+        """Remove a dynamic node's record (slurmctld refuses a node with jobs, or a static one)."""
+        self._run("scontrol", "delete", f"nodename={name}")
+
 
 class Slurm(Protocol):
     def nodes(self) -> dict[str, SlurmNode]: ...
     def drain(self, names: Sequence[str], reason: str) -> None: ...
     def resume(self, names: Sequence[str]) -> None: ...
+    def delete(self, name: str) -> None: ...
 
 
 # --- Kubernetes -------------------------------------------------------------------------------
@@ -209,7 +237,7 @@ class KubeNodes:
 
         if self._api is not None:
             self._api.close()  # the previous relist's connection pool
-        self._api = config.new_client_from_config(config_file=str(self._kubeconfig))  # type: ignore[no-untyped-call]
+        self._api = config.new_client_from_config(config_file=str(self._kubeconfig))
         self._core = client.CoreV1Api(self._api)
         data = json.loads(self._core.list_node(_preload_content=False, _request_timeout=30).data)
         return [KubeNode.from_object(i) for i in data.get("items") or []], str(
@@ -219,7 +247,7 @@ class KubeNodes:
     def watch(self, resource_version: str, timeout: int) -> Iterator[tuple[str, KubeNode]]:
         from kubernetes import watch
 
-        stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
+        stream = watch.Watch().stream(
             self._core.list_node,
             resource_version=resource_version,
             timeout_seconds=timeout,

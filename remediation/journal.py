@@ -430,9 +430,11 @@ class Tx:
         sets = [*sets, "updated_at=?"]
         args = [*args, self.now]
         for key, value in fields.items():
-            if key not in ("opt_out", "dry_run", "tier", "run_id", "cancel_requested"):
+            if key not in ("opt_out", "dry_run", "tier", "run_id", "cancel_requested", "extra_vars"):
                 raise JournalError(f"cannot set incident field {key!r}")
             sets.append(f"{key}=?")
+            if key == "extra_vars":
+                value = json.dumps(value, sort_keys=True)
             args.append(int(value) if isinstance(value, bool) else value)
         args.append(incident_id)
         self.conn.execute(f"UPDATE incidents SET {', '.join(sets)} WHERE id=?", args)  # noqa: S608

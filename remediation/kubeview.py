@@ -114,9 +114,7 @@ class RealKube:
         from kubernetes import client, config
 
         try:
-            api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
-                config_file=str(kubeconfig)
-            )
+            api_client = config.new_client_from_config(config_file=str(kubeconfig))
         except Exception as exc:
             raise KubeError(f"kubeconfig {kubeconfig}: cannot load: {exc}") from exc
         self._core: Any = client.CoreV1Api(api_client)

@@ -71,7 +71,7 @@ class KubeLeaseAPI:
         from kubernetes import client, config
 
         try:
-            api_client = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+            api_client = config.new_client_from_config(config_file=str(kubeconfig))
         except Exception as exc:
             raise KubeError(f"kubeconfig {kubeconfig}: cannot load: {exc}") from exc
         self._api: Any = client.CoordinationV1Api(api_client)

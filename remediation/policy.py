@@ -30,6 +30,7 @@ from remediation.states import IN_REMEDIATION
 
 Action = Literal["admit", "quarantine", "hold", "notify", "wait"]
 BREAKER_KEY = "breaker"
+BACKEND_VAR = "autoheal_backend"  # the runbook input naming the pool backend (autoheal.backends)
 PAUSE_KEY = "paused"
 
 
@@ -41,6 +42,9 @@ class Decision:
     opt_out: bool
     dry_run: bool
     reason: str
+    # the node's pool's backend (RunnerConfig.pool_backends), when its rule names none: it becomes
+    # the incident's autoheal_backend, so a batch never mixes pools of different backends
+    backend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,13 +119,19 @@ class Policy:
         tier, action, opt_out, reason = self._classify(inc, tier, now, rnd)
         if rnd.breaker.open or rnd.tripped:
             why = "circuit breaker open: " + (rnd.tripped or rnd.breaker.reason)
-            return Decision(inc.id, "hold", tier.value, opt_out, dry, why)
+            return Decision(inc.id, "hold", tier.value, opt_out, dry, why, self._backend(inc, rnd))
         storm = self._over_budget(inc.node, rnd)
         if storm:
             rnd.tripped = storm
-            return Decision(inc.id, "hold", tier.value, opt_out, dry, "circuit breaker open: " + storm)
+            why = "circuit breaker open: " + storm
+            return Decision(inc.id, "hold", tier.value, opt_out, dry, why, self._backend(inc, rnd))
         rnd.claim(inc.node)
-        return Decision(inc.id, action, tier.value, opt_out, dry, reason)
+        return Decision(inc.id, action, tier.value, opt_out, dry, reason, self._backend(inc, rnd))
+
+    def _backend(self, inc: IncidentRecord, rnd: _Round) -> str | None:
+        if BACKEND_VAR in inc.extra_vars:
+            return None  # the rule's choice stands
+        return self.config.pool_backends.get(rnd.node_pool.get(inc.node, ""))
 
     def _classify(
         self, inc: IncidentRecord, tier: Tier, now: float, rnd: _Round

@@ -19,7 +19,7 @@ from remediation.inflight import InFlight
 from remediation.journal import IncidentRecord, Journal
 from remediation.metrics import Metrics
 from remediation.notify import Notifier
-from remediation.policy import BREAKER_KEY, PAUSE_KEY, Decision, Policy
+from remediation.policy import BACKEND_VAR, BREAKER_KEY, PAUSE_KEY, Decision, Policy
 from remediation.states import IN_REMEDIATION, IncidentState
 
 log = logging.getLogger(__name__)
@@ -138,9 +138,10 @@ class Round:
                     tx.timeline(d.incident_id, "notified", "ok", source="runner", detail=d.reason)
                 else:  # held by a budget, or admitted to run: the same record, another state
                     state = IncidentState.HELD if d.action == "hold" else IncidentState.ADMITTED
-                    tx.transition(
-                        d.incident_id, state, d.reason, tier=d.tier, opt_out=d.opt_out, dry_run=d.dry_run
-                    )
+                    fields: dict[str, object] = {"tier": d.tier, "opt_out": d.opt_out, "dry_run": d.dry_run}
+                    if d.backend is not None:
+                        fields["extra_vars"] = {**incidents[d.incident_id].extra_vars, BACKEND_VAR: d.backend}
+                    tx.transition(d.incident_id, state, d.reason, **fields)
                     tx.timeline(d.incident_id, state.value, "ok", source="runner", detail=d.reason)
         crash_point("decided")
         for d in decisions:

@@ -42,7 +42,7 @@ class Kube:
         cfg = client.Configuration()
         try:
             if "\n" in kubeconfig:  # the kubeconfig's text (Pulumi's provider accepts either)
-                config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
+                config.load_kube_config_from_dict(
                     yaml.safe_load(kubeconfig),
                     context=context,
                     client_configuration=cfg,
@@ -51,7 +51,7 @@ class Kube:
             else:
                 if not Path(kubeconfig).is_file():
                     raise Unreachable(f"kubeconfig {kubeconfig} does not exist")
-                config.load_kube_config(  # type: ignore[no-untyped-call]
+                config.load_kube_config(
                     config_file=kubeconfig, context=context, client_configuration=cfg, persist_config=False
                 )
         except Unreachable:
@@ -66,7 +66,7 @@ class Kube:
         self._api = client.ApiClient(cfg)
 
     def close(self) -> None:
-        self._api.close()  # type: ignore[no-untyped-call]
+        self._api.close()
 
     def get(self, path: str, query: Mapping[str, str] | None = None) -> tuple[int, Any]:
         """(status, decoded body or None); Unreachable when no answer came."""
@@ -82,7 +82,7 @@ class Kube:
         )
         try:
             resp = self._api.call_api(*params, _request_timeout=self._timeout)
-            body = resp.read()  # type: ignore[no-untyped-call]
+            body = resp.read()
         except urllib3.exceptions.MaxRetryError as exc:
             raise Unreachable(_cause(exc.reason or exc)) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:

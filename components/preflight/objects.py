@@ -45,7 +45,7 @@ def quantity(value: Any) -> Decimal:
     from kubernetes.utils.quantity import parse_quantity
 
     try:
-        return Decimal(parse_quantity(value))  # type: ignore[no-untyped-call]
+        return Decimal(parse_quantity(value))
     except (ValueError, TypeError):
         return Decimal(0)
 

@@ -89,4 +89,4 @@ def test_eks_pool_is_a_node_group_of_size_plus_spares_with_labels_and_taints():
     assert group.parent.endswith("autoheal:nodepool:GpuNodePool::pool-h100")
     # The pool description is declared on EKS too: the runbook reads spares from it.
     cm = rec.one("kubernetes:core/v1:ConfigMap", "autoheal-pool-h100")
-    assert '"backend": "eks"' in cm.inputs["data"]["pool.json"]
+    assert '"cluster": "eks"' in cm.inputs["data"]["pool.json"]

@@ -280,3 +280,17 @@ def test_ha_runner_mistakes_name_their_key(runner, named):
     msg = _error({"cluster": CLUSTER, "pools": [POOL], "runner": runner})
     assert named in msg
     assert "hunter2" not in msg  # a refused URL is not echoed: it may carry the password
+
+
+def test_a_pool_backend_defaults_to_none_on_an_existing_cluster_and_is_checked():
+    cfg = read_stack_config(
+        _pulumi_get(
+            {
+                "cluster": CLUSTER,
+                "pools": [POOL, {**POOL, "name": "b", "prefix": "b", "backend": "karpenter"}],
+            }
+        )
+    )
+    assert [cfg.backend(p) for p in cfg.pools] == ["none", "karpenter"]
+    msg = _error({"cluster": CLUSTER, "pools": [{**POOL, "backend": "gcp"}]})
+    assert "autoheal:pools[0].backend" in msg and "'karpenter'" in msg

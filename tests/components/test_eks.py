@@ -544,3 +544,26 @@ def test_checkpoints_on_fsx_for_lustre_get_its_driver_security_group_and_class()
         if addon.inputs["serviceAccountRoleArn"].endswith("/" + r.name)
     ]
     assert "system:serviceaccount:kube-system:fsx-csi-controller-sa" in _trust(role).values()
+
+
+def test_each_pool_declares_its_backend_and_the_runner_is_told(eks):
+    """A pool's backend (how its nodes are rebooted and retired) is in its description and in the
+    runner's config; on EKS it defaults to the cloud's API, and the lab's pool controller is refused."""
+    pools = {
+        json.loads(cm.inputs["data"]["pool.json"])["name"]: json.loads(cm.inputs["data"]["pool.json"])
+        for cm in eks.of_type("kubernetes:core/v1:ConfigMap")
+        if "pool.json" in (cm.inputs.get("data") or {})
+    }
+    assert {name: (p["cluster"], p["backend"]) for name, p in pools.items()} == {
+        name: ("eks", "aws") for name in pools
+    }
+    settings = yaml.safe_load(
+        eks.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config").inputs["data"]["runner.yaml"]
+    )
+    assert settings["pool_backends"] == dict.fromkeys(pools, "aws")
+    raw = example_raw()
+    raw["pools"] = [{**p, "backend": None} for p in raw["pools"]]
+    assert parse_stack_config(raw).backend(parse_stack_config(raw).pools[0]) == "aws"
+    raw["pools"][0]["backend"] = "lab"
+    with pytest.raises(Exception, match=r"pools\[0\] \(h100\): backend 'lab' is the lab's pool controller"):
+        parse_stack_config(raw)

@@ -176,10 +176,7 @@ def library_conn(kubeconfig: str | None, context: str | None) -> Conn:
     from kubernetes.client import Configuration
 
     cfg = Configuration()
-    # the kubernetes package's loader has no annotations
-    kconfig.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig, context=context, client_configuration=cfg
-    )
+    kconfig.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     # the loader stores the whole header value ("Bearer ..."), or the token and a separate prefix
     token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
     prefix = (cfg.api_key_prefix or {}).get("authorization")

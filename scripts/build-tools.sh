@@ -31,7 +31,7 @@ ROOT=$PWD
 RECIPES=${AUTOHEAL_RECIPES:-$ROOT/tools/gobuild} # override: tests only
 
 # Build order: each line's tools may reuse the build cache the earlier ones filled.
-TOOLS=(etcd kubernetes kwok pulumi pulumi-kubernetes containerd runc cni-plugins cri-tools coredns gpu-device-plugin)
+TOOLS=(etcd kubernetes kwok pulumi pulumi-kubernetes containerd runc cni-plugins cri-tools coredns gpu-device-plugin karpenter)
 
 CACHE=${AUTOHEAL_CACHE:-$HOME/.cache/autoheal}
 TOOLS_DIR=$CACHE/tools

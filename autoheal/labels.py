@@ -18,6 +18,8 @@ POOL_LABEL: Final = f"{DOMAIN}/pool"  # which GpuNodePool a node belongs to
 SPARE_LABEL: Final = f"{DOMAIN}/spare"  # "true" on a hot spare until it is promoted
 STATE_LABEL: Final = f"{DOMAIN}/state"  # "quarantined" once the runbook fenced the node
 QUARANTINED: Final = "quarantined"  # the value of STATE_LABEL the fence sets
+SPARE_STATE: Final = "spare"  # STATE_LABEL of a hot spare the spare keeper chose (remediation/spares.py)
+ACTIVE_STATE: Final = "active"  # STATE_LABEL of a pool member in service (the keeper, a promotion)
 OPT_OUT_LABEL: Final = f"{DOMAIN}/opt-out"  # on a node or a pod: fence only, no drain/replace
 GPU_MODEL_LABEL: Final = f"{DOMAIN}/gpu-model"
 ALERTMANAGER_CONFIG_LABEL: Final = f"{DOMAIN}/alertmanager-config"
@@ -62,6 +64,8 @@ GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
 # --- Slurm -----------------------------------------------------------------------------------
 REASON_PREFIX: Final = "autoheal:"  # every Slurm reason autoheal sets starts with this
 SPARE_REASON: Final = "autoheal: hot spare"
+# a new node registered drained until the spare keeper decides spare or active (a cloud's bridge)
+JOINING_REASON: Final = "autoheal: joining"
 # the comment a promoted spare carries: "<this><failed node> <incident>" (slurm_spares)
 PROMOTION_PREFIX: Final = "autoheal: replaces "
 

@@ -107,7 +107,15 @@ def _count_outcomes(metrics: Metrics, alerts: int, result: DeliveryResult) -> No
 
 
 def create_app(rt: Runtime) -> Starlette:
-    cluster = rt.cluster if rt.cluster is not None else ClusterSide.from_config(rt.config)
+    cluster = rt.cluster
+    if cluster is None:
+        worker = rt.worker
+        cluster = ClusterSide.from_config(
+            rt.config,
+            leading=(lambda: worker.leading) if worker is not None else (lambda: False),
+            metrics=rt.metrics,
+            shortage=worker.shortage if worker is not None else None,
+        )
 
     def reply(code: int, body: dict[str, object], started: float, **headers: str) -> Response:
         rt.metrics.webhook_requests.labels(code=str(code)).inc()

@@ -16,11 +16,16 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from remediation.config import RunnerConfig
 from remediation.cordon_sync import CordonSync, KubeNodes, SlurmCli, SyncJournal
+from remediation.dead_nodes import DeadNodes
+from remediation.metrics import Metrics
+from remediation.notify import SpareShortage
+from remediation.spares import KubePools, SpareKeeper, default_namespace, journal_path
 
 PROBE_TIMEOUT_S = 5.0
 
@@ -65,20 +70,85 @@ def check_slurmctld(slurm_conf: Path | None) -> str | None:
     return None
 
 
+def _spare_keeper(
+    cfg: RunnerConfig,
+    slurm_conf: Path | None,
+    leading: Callable[[], bool],
+    metrics: Metrics | None,
+    shortage: SpareShortage | None,
+) -> SpareKeeper | None:
+    s = cfg.spare_keeper
+    if not s.enabled or cfg.kubeconfig is None:
+        return None
+
+    def report(pool: str, spares: int, declared: int) -> None:
+        if metrics is not None:
+            metrics.pool_spares.labels(pool=pool).set(spares)
+            metrics.pool_spares_declared.labels(pool=pool).set(declared)
+        if shortage is not None:
+            shortage.level(pool, spares, declared)
+
+    def count(verb: str) -> None:
+        if metrics is not None:
+            metrics.spare_keeper_actions.labels(action=verb).inc()
+
+    return SpareKeeper(
+        KubePools(cfg.kubeconfig),
+        SlurmCli(slurm_conf),
+        SyncJournal(journal_path(s.journal_path, cfg.state_dir, "spare-keeper.jsonl")),
+        default_namespace(s.namespace),
+        cfg.opt_out_label,
+        interval=s.interval_seconds,
+        leading=leading,
+        report=report,
+        count=count,
+    )
+
+
+def _dead_nodes(
+    cfg: RunnerConfig, slurm_conf: Path | None, leading: Callable[[], bool], metrics: Metrics | None
+) -> DeadNodes | None:
+    d = cfg.dead_nodes
+    if not d.enabled or cfg.kubeconfig is None:
+        return None
+    counter = metrics.dead_nodes_deleted if metrics is not None else None
+    return DeadNodes(
+        KubeNodes(cfg.kubeconfig),
+        SlurmCli(slurm_conf),
+        SyncJournal(journal_path(d.journal_path, cfg.state_dir, "dead-nodes.jsonl")),
+        grace=d.grace_seconds,
+        interval=d.interval_seconds,
+        leading=leading,
+        deleted=lambda node: counter.inc() if counter is not None else None,
+    )
+
+
 @dataclass
 class ClusterSide:
-    """Readiness checks and the cordon sync; `problems()` is what /readyz reports."""
+    """Readiness checks, the cordon sync, and the leader's fleet loops (the spare keeper, dead
+    nodes leaving Slurm); `problems()` is what /readyz reports."""
 
     kubeconfig: Path | None
     slurm_conf: Path | None
     checks: bool
     sync: CordonSync | None = None
     ttl: float = 5.0
+    keeper: SpareKeeper | None = None
+    reaper: DeadNodes | None = None
     _cached: tuple[float, list[str]] = (float("-inf"), [])
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def from_config(cls, cfg: RunnerConfig) -> ClusterSide:
+    def from_config(
+        cls,
+        cfg: RunnerConfig,
+        *,
+        leading: Callable[[], bool] = lambda: False,
+        metrics: Metrics | None = None,
+        shortage: SpareShortage | None = None,
+    ) -> ClusterSide:
+        """`leading`: whether this replica may act on the fleet now (the worker's leadership; a
+        runner without a worker never does)."""
         slurm_conf = slurm_conf_of(cfg)
         sync = None
         s = cfg.cordon_sync
@@ -91,15 +161,20 @@ class ClusterSide:
                 ignore=s.ignore_taints,
                 resync_seconds=s.resync_seconds,
             )
-        return cls(cfg.kubeconfig, slurm_conf, cfg.cluster_checks, sync)
+        keeper = _spare_keeper(cfg, slurm_conf, leading, metrics, shortage)
+        reaper = _dead_nodes(cfg, slurm_conf, leading, metrics)
+        return cls(cfg.kubeconfig, slurm_conf, cfg.cluster_checks, sync, keeper=keeper, reaper=reaper)
+
+    def _loops(self) -> list[CordonSync | SpareKeeper | DeadNodes]:
+        return [x for x in (self.sync, self.keeper, self.reaper) if x is not None]
 
     def start(self) -> None:
-        if self.sync is not None:
-            self.sync.start()
+        for loop in self._loops():
+            loop.start()
 
     def stop(self) -> None:
-        if self.sync is not None:
-            self.sync.stop()
+        for loop in self._loops():
+            loop.stop()
 
     def problems(self) -> list[str]:
         """Why the runner is not ready (empty: ready); checked at most once per `ttl`."""
@@ -112,7 +187,7 @@ class ClusterSide:
                 found += [
                     p for p in (check_api_server(self.kubeconfig), check_slurmctld(self.slurm_conf)) if p
                 ]
-            if self.sync is not None and self.sync.last_error is not None:
-                found.append(f"cordon sync: {self.sync.last_error}")
+            names = {"cordon sync": self.sync, "spare keeper": self.keeper, "dead nodes": self.reaper}
+            found += [f"{n}: {x.last_error}" for n, x in names.items() if x is not None and x.last_error]
             self._cached = (time.monotonic(), found)
             return list(found)

@@ -96,6 +96,29 @@ class Metrics:
             ["change"],
             registry=r,
         )
+        self.pool_spares = Gauge(
+            "autoheal_pool_spares",
+            "Hot spares of each pool, as the spare keeper last counted them (leader only).",
+            ["pool"],
+            registry=r,
+        )
+        self.pool_spares_declared = Gauge(
+            "autoheal_pool_spares_declared",
+            "Hot spares each pool declares (pool.json).",
+            ["pool"],
+            registry=r,
+        )
+        self.spare_keeper_actions = Counter(
+            "autoheal_spare_keeper_actions_total",
+            "Nodes the spare keeper made (or repaired as) a spare, or made active.",
+            ["action"],
+            registry=r,
+        )
+        self.dead_nodes_deleted = Counter(
+            "autoheal_dead_nodes_deleted_total",
+            "Dynamic Slurm nodes deleted because their Kubernetes Node was gone.",
+            registry=r,
+        )
         self.illegal_transitions = Counter(
             "autoheal_illegal_transitions_total",
             "Incident state changes refused by the state machine (a bug or a race; never normal).",

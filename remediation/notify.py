@@ -156,6 +156,25 @@ class SpareShortage:
         self._since: dict[str, float] = {}  # pool -> when its first unreported node came
         self._paged: dict[str, float] = {}  # pool -> when its last page went out
         self.quiet: dict[str, int] = {}  # pool -> nodes counted after its page (re-arm window)
+        self._empty: set[str] = set()  # pools the spare keeper reported with no spare left
+
+    def level(self, pool: str, spares: int, declared: int) -> bool:
+        """The spare keeper's count of a pool (remediation/spares.py): one `pool.spares_exhausted`
+        when a pool that declares spares has none, none more until it had one again. True: sent."""
+        with self._lock:
+            if spares > 0 or declared == 0:
+                self._empty.discard(pool)
+                return False
+            if pool in self._empty:
+                return False
+            self._empty.add(pool)
+        self._send(
+            "pool.spares_exhausted",
+            pool=pool,
+            waiting=0,
+            reason=f"no spare left in pool {pool} (0 of {declared} declared): a failure waits for capacity",
+        )
+        return True
 
     def add(self, pool: str, node: str, incident: str, now: float | None = None) -> None:
         now = time.time() if now is None else now

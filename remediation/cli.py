@@ -23,7 +23,7 @@ from remediation.states import STATES, IncidentState
 # models, the PostgreSQL driver) are imported by the commands that use them, not by `autoheal lab`.
 if TYPE_CHECKING:
     from remediation.config import RunnerConfig
-    from remediation.journal import Journal
+    from remediation.journal import IncidentRecord, Journal
 
 ConfigOpt = Annotated[
     Path,
@@ -104,13 +104,17 @@ def incidents(
     bad = [s for s in state or [] if s not in STATES]
     if bad:
         raise _fail(f"unknown state(s) {bad}; choose from {list(STATES)}")
+    from remediation.policy import BACKEND_VAR
+
     rows = _journal(config).incidents(state or None, limit=limit)
+    default_backend = str(_config(config).play_vars.get(BACKEND_VAR) or "")
     if as_json:
-        _print_json([r.as_dict() for r in rows])
+        _print_json([{**r.as_dict(), "backend": _backend(r, default_backend)} for r in rows])
         return
     table = Table(title="autoheal incidents")
-    for col in ("id", "node", "xid", "gpu", "tier", "state", "opened (UTC)", "alerts", "reason"):
-        table.add_column(col)
+    for col in ("id", "node", "xid", "gpu", "tier", "state", "backend", "opened (UTC)", "alerts", "reason"):
+        # on a narrow terminal the reason wraps; the names an on-call engineer copies do not
+        table.add_column(col, no_wrap=col in ("id", "node", "state"))
     for r in rows:
         flags = (" opt-out" if r.opt_out else "") + (" dry-run" if r.dry_run else "")
         table.add_row(
@@ -123,6 +127,7 @@ def incidents(
                     "" if r.gpu is None else r.gpu,
                     r.tier,
                     r.state + flags,
+                    _backend(r, default_backend),
                     _ts(r.opened_at),
                     r.alert_count,
                     r.reason,
@@ -130,6 +135,13 @@ def incidents(
             )
         )
     Console().print(table)
+
+
+def _backend(inc: IncidentRecord, default: str) -> str:
+    """The pool backend the incident's plays use: its pool's or its rule's, else the runner's."""
+    from remediation.policy import BACKEND_VAR
+
+    return str(inc.extra_vars.get(BACKEND_VAR) or default)
 
 
 incident_app = typer.Typer(help="Look at one incident.", no_args_is_help=True)

@@ -103,3 +103,29 @@ def test_the_config_type_is_the_cores_list() -> None:
 
     assert get_args(PoolBackendName) == POOL_BACKENDS
     assert RunnerConfig.model_fields["pool_backends"].annotation == dict[str, PoolBackendName]
+
+
+def test_autoheal_incidents_shows_each_incidents_backend(tmp_path: Path, monkeypatch) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from remediation.cli import register
+    from remediation.config import load_config
+    from remediation.journal import Journal
+    from tests.remediation.remhelp import write_config
+
+    path = write_config(tmp_path, play_vars={BACKEND_VAR: "lab"})
+    monkeypatch.setenv("AUTOHEAL_CONFIG", str(path))
+    cfg = load_config(path, env={})
+    assert cfg.journal_path is not None
+    journal = Journal(cfg.journal_path)
+    _open(journal, "gpu-1", {BACKEND_VAR: "aws"})
+    _open(journal, "gpu-2")
+    journal.close()
+    app = typer.Typer()
+    register(app)
+    r = CliRunner().invoke(app, ["incidents", "--json"])
+    assert r.exit_code == 0, r.output
+    assert {x["node"]: x["backend"] for x in json.loads(r.output)} == {"gpu-1": "aws", "gpu-2": "lab"}
+    r = CliRunner().invoke(app, ["incidents"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0 and "backend" in r.output and "aws" in r.output

@@ -102,6 +102,13 @@ def lab_up(
         ),
     ] = 1,
     slurm: SlurmOpt = "host",
+    backend: Annotated[
+        Literal["lab", "aws"],
+        typer.Option(
+            help="Who plays the pool's cloud: the lab's pool controller, or EC2 + Auto Scaling (moto)"
+            " whose instances become lab nodes."
+        ),
+    ] = "lab",
 ) -> None:
     """Start the lab (idempotent: a running lab is left as it is)."""
     from lab import lab as labmod
@@ -113,7 +120,7 @@ def lab_up(
     cfg = _lab_config(
         name=name,
         port_base=port_base,
-        pools=[PoolConfig(size=nodes, spares=spares, headroom=headroom, gpus_per_node=gpus)],
+        pools=[PoolConfig(size=nodes, spares=spares, headroom=headroom, gpus_per_node=gpus, backend=backend)],
         webhook_url=webhook_url,
         kube=kube,
         runner=runner,

@@ -32,6 +32,8 @@ PORTS = {
     "pool_controller": 7,
     "runner-1": 8,
     "runner-2": 9,
+    "moto": 12,  # the lab's AWS (lab.aws): moto's server
+    "aws": 13,  # the AWS endpoint the lab's clients use: a proxy in front of moto (lab.aws)
     "kube": 20,  # a block of 20 for the control plane
 }
 SLURMD_OFFSET = 100
@@ -54,6 +56,9 @@ class PoolConfig(BaseModel):
     gpus_per_node: int = Field(default=8, ge=1, le=16)
     gpu_model: str = "NVIDIA H100 80GB HBM3"
     gpu_type: str = "h100"
+    # who plays the cloud for this pool: the lab's pool controller, or EC2 + Auto Scaling (moto,
+    # lab.aws), whose launches the pool controller turns into lab nodes
+    backend: Literal["lab", "aws"] = "lab"
 
     def slurm(self) -> SlurmPool:
         return SlurmPool(
@@ -122,6 +127,7 @@ class LabConfig(BaseModel):
             )
         if self.slurm == "pods":
             self._check_pods(hardware)
+        self._check_aws()
         prefixes = [p.prefix for p in self.pools]
         if len(set(prefixes)) != len(prefixes):
             raise ValueError("pools: every pool needs its own prefix")
@@ -145,6 +151,26 @@ class LabConfig(BaseModel):
                 "runner_replicas / runner_journal: with slurm pods the runner is the stack's one pod"
                 " with its SQLite journal on a volume; use --slurm host for the HA runners"
             )
+
+    def _check_aws(self) -> None:
+        """An aws pool's nodes are KWOK nodes with host slurmds: the providerID that maps a node to
+        its instance lives on the Kubernetes Node, and the bridge (lab.aws) makes no real node."""
+        aws = [p.name for p in self.pools if p.backend == "aws"]
+        if not aws:
+            return
+        if not self.kube:
+            raise ValueError(
+                f"pools {aws}: backend aws maps nodes to instances on Kubernetes; set kube: true"
+            )
+        if self.real_nodes or self.pods:
+            raise ValueError(
+                f"pools {aws}: backend aws runs KWOK nodes with host slurmds; use slurm: host and"
+                " real_nodes: 0, or backend: lab"
+            )
+
+    @property
+    def aws_pools(self) -> list[PoolConfig]:
+        return [p for p in self.pools if p.backend == "aws"]
 
     @property
     def pods(self) -> bool:

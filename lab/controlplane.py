@@ -97,6 +97,8 @@ class KubeNodeSpec:
     # What the kubelet keeps for itself, as a cloud node's allocatable (None: all of capacity);
     # the resources not named here are allocatable in full.
     allocatable: Mapping[str, str] | None = None
+    # the cloud's id of the node's machine (aws:///<az>/<instance-id>), "" for none
+    provider_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -713,9 +715,7 @@ def api_client(kubeconfig: Path, pool: int = 32) -> Any:
     from kubernetes import client, config
 
     cfg = client.Configuration()
-    config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=str(kubeconfig), client_configuration=cfg, persist_config=False
-    )
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg, persist_config=False)
     cfg.connection_pool_maxsize = pool
     return client.ApiClient(cfg)
 
@@ -742,6 +742,9 @@ def node_manifest(spec: KubeNodeSpec) -> dict[str, Any]:
         if t.get("value"):
             taint["value"] = t["value"]
         taints.append(taint)
+    spec_: dict[str, Any] = {"taints": taints} if taints else {}
+    if spec.provider_id:
+        spec_["providerID"] = spec.provider_id
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -750,7 +753,7 @@ def node_manifest(spec: KubeNodeSpec) -> dict[str, Any]:
             "labels": labels,
             "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE, "node.alpha.kubernetes.io/ttl": "0"},
         },
-        "spec": {"taints": taints} if taints else {},
+        "spec": spec_,
         "status": {
             "capacity": capacity,
             # nodeInfo etc. come from KWOK's initialize stage

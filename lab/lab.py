@@ -20,7 +20,7 @@ import httpx
 
 from autoheal import proc as kernel
 from autoheal.errors import LabError
-from lab import disk, pool, procs, prom, slurm, watch
+from lab import aws, disk, pool, procs, prom, slurm, watch
 from lab.config import LabConfig, PoolConfig, load_lab
 
 Progress = Callable[[str], None]
@@ -148,7 +148,7 @@ def up(cfg: LabConfig, progress: Progress = _quiet) -> LabConfig:
         cluster.teardown(cfg.run_dir)
     # a lab always starts fresh: no Slurm, pool or simulator state from an earlier run
     shutil.rmtree(cfg.socket_dir, ignore_errors=True)
-    fresh = ("slurm", "pool", "monitoring", "simulator.json", "pids", "pulumi", "runner", "postgres")
+    fresh = ("slurm", "pool", "monitoring", "simulator.json", "pids", "pulumi", "runner", "postgres", "aws")
     for stale in (*fresh, "gpunodes", "watchers"):
         path = cfg.run_dir / stale
         if path.is_dir():
@@ -204,6 +204,9 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
     if watch.enabled(cfg):
         _step(progress, f"{len(hardware_nodes(cfg))} XID watchers")
         watch.start(cfg, hardware_nodes(cfg))
+    if aws.enabled(cfg):
+        _step(progress, f"the lab's AWS (moto): {len(cfg.aws_pools)} Auto Scaling groups")
+        aws.start(cfg)
     if cfg.kube and kube_available():
         advertise = "127.0.0.1"
         if cfg.real_nodes:
@@ -311,8 +314,17 @@ def start_kube(cfg: LabConfig, advertise_address: str = "127.0.0.1") -> None:
     from lab import controlplane
 
     real = set(real_node_names(cfg))
+    # an aws pool's first nodes stand for the instances its group launched (lab.aws.start)
+    seeded = aws.instances_file(cfg)
+    instances: dict[str, str] = json.loads(seeded.read_text()) if aws.enabled(cfg) else {}
     specs = [
-        controlplane.KubeNodeSpec(n, pool.node_labels(p, spare), pool.node_taints(spare), p.gpus_per_node)
+        controlplane.KubeNodeSpec(
+            n,
+            pool.node_labels(p, spare),
+            pool.node_taints(spare),
+            p.gpus_per_node,
+            provider_id=instances.get(n, ""),
+        )
         for n, p, spare in _node_specs(cfg)
         if n not in real
     ]
@@ -439,6 +451,8 @@ def status(cfg: LabConfig) -> LabStatus:
         ("simulator", lambda: _http(cfg.url("simulator", "/healthz"))),
         ("pool-controller", lambda: _http(cfg.url("pool_controller", "/healthz"))),
     ]
+    if aws.enabled(cfg):
+        checks.append((aws.SERVICE, lambda: _http(cfg.url("moto", "/moto-api/"))))
     if cfg.runner and runner_available():
         from lab import runner
 
@@ -454,6 +468,8 @@ def status(cfg: LabConfig) -> LabStatus:
             st.services.append(ServiceStatus(name, True, check()))
         except Exception as exc:
             st.services.append(ServiceStatus(name, False, str(exc)[:120]))
+    if "pool-controller" in live:
+        st.services += [ServiceStatus(*row) for row in aws.pool_rows(cfg)]
     slurmds = [n for n in live if n.startswith("slurmd-")]
     with_slurmd = set(slurmd_nodes(cfg))
     want = [f"slurmd-{n}" for n in current_nodes(cfg) if n in with_slurmd or cfg.slurmd_limit is None]

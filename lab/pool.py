@@ -35,6 +35,7 @@ from autoheal.labels import (
     GPU_COUNT_LABEL,
     GPU_MODEL_LABEL,
     GPU_PRODUCT_LABEL,
+    JOINING_REASON,
     POOL_LABEL,
     SPARE_LABEL,
     SPARE_REASON,
@@ -42,7 +43,7 @@ from autoheal.labels import (
     spare_taint,
 )
 from autoheal.names import is_node_name
-from lab import procs, slurm, watch
+from lab import aws, procs, slurm, watch
 from lab.config import LabConfig, PoolConfig, load_lab
 from lab.httpd import LabHTTPServer
 
@@ -82,6 +83,11 @@ class PoolController:
                 "events": [],
             }
             self._save()
+        # an aws pool's nodes and their instances ({node: providerID}); lab.aws seeded the first
+        if "instances" not in self.state:
+            seeded = aws.instances_file(cfg)
+            self.state["instances"] = json.loads(seeded.read_text()) if seeded.exists() else {}
+            self._save()
 
     # -- state -------------------------------------------------------------------------------
 
@@ -108,6 +114,7 @@ class PoolController:
             for p in self.cfg.pools:
                 members = self.state["members"][p.name]
                 pools[p.name] = {
+                    "backend": p.backend,
                     "declared": p.size + p.spares,
                     "size": p.size,
                     "spares": p.spares,
@@ -129,15 +136,22 @@ class PoolController:
 
     # -- actions -----------------------------------------------------------------------------
 
-    def retire(self, node: str) -> dict[str, Any]:
+    def retire(self, node: str, terminated: bool = False) -> dict[str, Any]:
         """Terminate an instance: its slurmd stops, its Kubernetes node and GPUs disappear. The
-        Slurm node keeps the state and reason the runbook gave it, for the record."""
+        Slurm node keeps the state and reason the runbook gave it, for the record. An aws pool's
+        node leaves only when its instance was `terminated` (lab.aws's bridge saw it)."""
         with self.lock:
             if node in self.state["retired"]:
                 return {"node": node, "changed": False, "state": "retired"}
             pool = self.pool_of(node)
             if pool is None or node not in self.state["members"][pool.name]:
                 raise LabError(f"node: {node!r} is not a member of any pool of this lab")
+            if pool.backend == "aws" and not terminated:
+                raise LabError(
+                    f"node: {node} is in pool {pool.name}, whose backend is aws: retire it through the"
+                    f" AWS API (autoheal pool retire --backend aws --nodes {node})"
+                )
+            self.state["instances"].pop(node, None)
             real = self._is_real(node)
             self.state["members"][pool.name].remove(node)
             self.state["retired"].append(node)
@@ -197,6 +211,8 @@ class PoolController:
         due: list[dict[str, Any]] = []
         with self.lock:
             for p in self.cfg.pools:
+                if p.backend == "aws":  # its Auto Scaling group launches; the bridge queues them
+                    continue
                 have = len(self.state["members"][p.name])
                 have += sum(1 for x in self.state["pending"] if x["pool"] == p.name)
                 for _ in range(p.size + p.spares - have):
@@ -223,7 +239,7 @@ class PoolController:
         if self.cfg.pods:
             self._provision_real(node, pool)
         else:
-            self._provision_host(node, pool, bool(item.get("real")))
+            self._provision_host(node, pool, bool(item.get("real")), item.get("provider_id", ""))
         with self.lock:
             self.state["pending"] = [x for x in self.state["pending"] if x["node"] != node]
             self.state["members"][pool.name].append(node)
@@ -243,10 +259,16 @@ class PoolController:
         cluster.add(self.cfg.run_dir, node, node_labels(pool, True), node_taints(True), pool.gpus_per_node)
         nodepods.wait_slurmd_ready(self.cfg, [node], timeout=180)
 
-    def _provision_host(self, node: str, pool: PoolConfig, real: bool) -> None:
-        drain = ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={SPARE_REASON}"]
+    def _provision_host(self, node: str, pool: PoolConfig, real: bool, provider_id: str = "") -> None:
+        """A new node with a host slurmd. The pool controller's own come up as spares; an
+        instance a cloud launched (`provider_id`) joins with the pool's labels only, drained
+        "joining" until the runner's spare keeper makes it a spare or an active node."""
+        spare = not provider_id
+        reason = SPARE_REASON if spare else JOINING_REASON
+        drain = ["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"]
         # drained before its slurmd registers, so no job can land on it in between
         slurm.run(self.cfg, drain)
+        procs.stop(self.cfg.run_dir, slurm.slurmd_name(node))  # a try that failed half-way left one
         slurm.start_slurmd(self.cfg, [node])
         watch.start(self.cfg, [node])  # reads the kernel log the simulator creates at the sync below
         if real:
@@ -260,7 +282,11 @@ class PoolController:
             from lab import controlplane
 
             spec = controlplane.KubeNodeSpec(
-                node, node_labels(pool, True), node_taints(True), pool.gpus_per_node
+                node,
+                node_labels(pool, spare),
+                node_taints(spare),
+                pool.gpus_per_node,
+                provider_id=provider_id,
             )
             controlplane.add_nodes(self.cfg.kubeconfig, [spec], timeout=60)
         slurm.wait_nodes_registered(self.cfg, [node], timeout=30)
@@ -275,12 +301,94 @@ class PoolController:
         with contextlib.suppress(httpx.HTTPError):
             httpx.put(self.cfg.url("simulator", "/v1/nodes"), json={"nodes": models}, timeout=5)
 
-    def run_forever(self, interval: float = 0.5) -> None:
+    # -- an aws pool: what lab.aws's bridge and endpoint report --------------------------------
+
+    def aws_nodes(self, pool: str) -> dict[str, str]:
+        """{node: providerID} of the pool's nodes, members and pending."""
+        with self.lock:
+            return {
+                n: pid
+                for n, pid in self.state["instances"].items()
+                if (p := self.pool_of(n)) and p.name == pool
+            }
+
+    def instance_launched(self, pool_name: str, provider_id: str) -> None:
+        """The group launched an instance: it becomes the pool's next node after the
+        provisioning delay (its boot)."""
+        pool = next(p for p in self.cfg.pools if p.name == pool_name)
+        with self.lock:
+            free = self._free_names(pool)
+            if not free:
+                if not any(e["event"] == "headroom_exhausted" for e in self.state["events"][-5:]):
+                    self._event("headroom_exhausted", "", pool.name, provider_id=provider_id)
+                    self._save()
+                return
+            item = {"pool": pool.name, "node": free[0], "ready_at": time.time() + self.delay}
+            item["provider_id"] = provider_id
+            self.state["pending"].append(item)
+            self.state["instances"][free[0]] = provider_id
+            self._event("instance_launched", free[0], pool.name, provider_id=provider_id)
+            self._save()
+
+    def instance_terminated(self, node: str) -> None:
+        """The node's instance left its group: the node goes, as a retired one does."""
+        with self.lock:
+            provider_id = self.state["instances"].get(node, "")
+            self._event(
+                "instance_terminated", node, getattr(self.pool_of(node), "name", ""), provider_id=provider_id
+            )
+            pending = [x for x in self.state["pending"] if x["node"] == node]
+            if pending:  # never booted: nothing of it exists yet
+                self.state["pending"].remove(pending[0])
+                self.state["instances"].pop(node, None)
+                self.state["retired"].append(node)
+                self._save()
+                return
+            self._save()
+        self.retire(node, terminated=True)
+
+    def instances_rebooted(self, instances: list[str]) -> None:
+        """RebootInstances was accepted: the nodes of those instances reboot (lab.ladder) and
+        their Nodes report a new boot id, as a kubelet does after a boot. In a thread: the API
+        answered before the reboot, as AWS does."""
+        with self.lock:
+            by_instance = {aws.instance_of(pid): n for n, pid in self.state["instances"].items()}
+        nodes = [by_instance[i] for i in instances if i in by_instance]
+        if nodes:
+            threading.Thread(target=self._reboot_nodes, args=(nodes,), daemon=True).start()
+
+    def _reboot_nodes(self, nodes: list[str]) -> None:
+        from lab import controlplane, ladder
+
+        done = ladder.reboot_many(self.cfg, nodes)
+        back = [n for n in nodes if not isinstance(done.get(n), Exception)]
+        boots = aws.new_boot_ids(back)
+        with controlplane.http_client(self.cfg.kubeconfig, pool=4, timeout=10) as http:
+            for n, boot in boots.items():
+                http.patch(
+                    f"/api/v1/nodes/{n}/status",
+                    json={"status": {"nodeInfo": {"bootID": boot}}},
+                    headers={"Content-Type": "application/merge-patch+json"},
+                ).raise_for_status()
+        with self.lock:
+            for n in nodes:
+                res = done.get(n)
+                self._event(
+                    "rebooted" if n in boots else "reboot_failed",
+                    n,
+                    "",
+                    error=str(res)[:200] if n not in boots else "",
+                )
+            self._save()
+
+    def run_forever(self, interval: float = 0.5, bridge: aws.Bridge | None = None) -> None:
         while True:
             try:
                 if self._sim_dirty.is_set():
                     self._sim_dirty.clear()
                     self._sync_simulator()
+                if bridge is not None:
+                    bridge.sync()
                 self.reconcile()
             except Exception as exc:  # keep reconciling: a cloud controller never gives up
                 with self.lock:
@@ -436,7 +544,11 @@ def main(argv: list[str] | None = None) -> None:
             (gateway, cfg.port("pool_controller")), _handler(ctl, TokenReviewer(cfg.kubeconfig))
         )
         threading.Thread(target=bridge.serve_forever, daemon=True).start()
-    threading.Thread(target=ctl.run_forever, daemon=True).start()
+    aws_bridge = None
+    if aws.enabled(cfg):  # the endpoint is bound before /healthz answers: `start` waits for both
+        aws.serve_proxy(cfg, ctl.instances_rebooted)
+        aws_bridge = aws.Bridge(cfg, ctl.aws_nodes, ctl.instance_launched, ctl.instance_terminated)
+    threading.Thread(target=ctl.run_forever, kwargs={"bridge": aws_bridge}, daemon=True).start()
     server.serve_forever()
 
 

@@ -178,17 +178,20 @@ def write_config(
 ) -> Path:
     d = replica_dir(cfg, replica)
     d.mkdir(parents=True, exist_ok=True)
+    backends = {p.backend for p in cfg.pools}
     play_vars: dict[str, Any] = {
         "autoheal_slurm_conf": str(cfg.slurm_conf),
         "autoheal_lab_name": cfg.name,
         "autoheal_lab_root": str(cfg.root),
-        "autoheal_backend": "lab",
+        "autoheal_backend": backends.pop() if len(backends) == 1 else "lab",
         "autoheal_grace_seconds": cfg.grace_seconds,
         # the recovery ladder's bundles for the vendor (issue 15), beside the runner's journal
         "autoheal_evidence_dir": str(d / "evidence"),
     }
     if cfg.kubeconfig.exists():
         play_vars["autoheal_kubeconfig"] = str(cfg.kubeconfig)
+    if cfg.aws_pools:  # the lab's simulator plays DCGM for every pool (KWOK nodes run no Job)
+        play_vars["autoheal_validation"] = "lab"
     pool_size = sum(p.size + p.spares for p in cfg.pools)
     journal: dict[str, str]
     if cfg.runner_journal == "postgres":
@@ -210,6 +213,8 @@ def write_config(
         "budgets": {"max_nodes": max(1, pool_size // 3), "max_pool_percent": 34},
         "play_vars": play_vars,
     }
+    if cfg.aws_pools:
+        conf.update(aws_settings(cfg))
     if cfg.runner_replicas > 1:
         conf["leader_election"] = {
             "enabled": True,
@@ -227,6 +232,77 @@ def write_config(
     return path
 
 
+# how often the lab's spare keeper looks (production: 15 s; the lab's scrapes are 1 s too)
+SPARE_KEEPER_INTERVAL_S = 2.0
+
+
+def aws_settings(cfg: LabConfig) -> dict[str, Any]:
+    """What a runner of a lab with aws pools is configured with beyond the lab's: each pool's
+    backend, and the spare keeper, since an instance its group launches joins with the pool's
+    labels only (lab.aws) and the keeper makes it a spare (the pools' ConfigMaps: declare_pools)."""
+    return {
+        "pool_backends": {p.name: p.backend for p in cfg.pools},
+        "spare_keeper": {
+            "enabled": True,
+            "namespace": RUNNER_NAMESPACE,
+            "interval_seconds": SPARE_KEEPER_INTERVAL_S,
+        },
+    }
+
+
+def runner_env(cfg: LabConfig) -> dict[str, str]:
+    """The runners' environment: the lab's, and with aws pools the AWS endpoint (the lab's proxy
+    in front of moto), region and credentials, and the cluster `autoheal pool --backend aws`
+    acts on (its groups' eks:cluster-name tag is the lab's name)."""
+    env = {
+        "AUTOHEAL_LAB_ROOT": str(cfg.root),
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        RUN_DIR_ENV: str(cfg.run_dir),
+    }
+    if cfg.aws_pools:
+        from lab import aws
+
+        env.update(aws.client_env(cfg), AUTOHEAL_POOL_CLUSTER=cfg.name)
+    return env
+
+
+def declare_pools(cfg: LabConfig) -> None:
+    """The pools' descriptions as the stack writes them (ConfigMaps autoheal-pool-<name>, key
+    pool.json, in the runner's namespace), for the spare keeper: `pulumi up` does not run in a
+    host lab. Idempotent (an existing one is replaced)."""
+    from autoheal.labels import COMPONENT_LABEL, NODE_POOL_COMPONENT
+    from components.nodepool import GpuNodePoolArgs, describe_pool
+    from lab import controlplane, pool
+
+    ns = RUNNER_NAMESPACE
+    with controlplane.http_client(cfg.kubeconfig, pool=2, timeout=10) as http:
+        r = http.post("/api/v1/namespaces", json={"metadata": {"name": ns}})
+        if r.status_code not in (201, 409):
+            raise LabError(f"runner: namespace {ns}: {r.status_code} {r.text[:200]}")
+        for p in cfg.pools:
+            args = GpuNodePoolArgs(
+                name=p.name,
+                prefix=p.prefix,
+                size=p.size,
+                spares=p.spares,
+                gpu_model=p.gpu_type,
+                gpus_per_node=p.gpus_per_node,
+                headroom=p.headroom,
+                backend=p.backend,
+            )
+            text = describe_pool(args, p.slurm(), pool.node_labels(p, False))
+            name = f"autoheal-pool-{p.name}"
+            body = {
+                "metadata": {"name": name, "labels": {COMPONENT_LABEL: NODE_POOL_COMPONENT}},
+                "data": {"pool.json": text},
+            }
+            r = http.put(f"/api/v1/namespaces/{ns}/configmaps/{name}", json=body)
+            if r.status_code == 404:
+                r = http.post(f"/api/v1/namespaces/{ns}/configmaps", json=body)
+            if r.status_code not in (200, 201):
+                raise LabError(f"runner: ConfigMap {ns}/{name}: {r.status_code} {r.text[:200]}")
+
+
 def start(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> None:
     """Start the journal's server (postgres) if the lab has one, then every runner replica, each
     waited for until ready; `overrides` go into every replica's config."""
@@ -236,6 +312,8 @@ def start(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> None:
             " Kubernetes control plane (build it with scripts/build-tools.sh, or runner_replicas: 1)"
         )
     dsn = start_postgres(cfg) if cfg.runner_journal == "postgres" else None
+    if cfg.aws_pools:
+        declare_pools(cfg)
     cli = Path(sys.executable).with_name("autoheal")
     for replica, name in enumerate(cfg.runner_services):
         path = write_config(cfg, overrides, replica, dsn)
@@ -246,11 +324,7 @@ def start(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> None:
             port=cfg.port(name),
             ready=procs.http_ok(cfg.url(name, "/readyz")),
             timeout=30,
-            env={
-                "AUTOHEAL_LAB_ROOT": str(cfg.root),
-                "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-                RUN_DIR_ENV: str(cfg.run_dir),
-            },
+            env=runner_env(cfg),
             cwd=REPO,
         )
 

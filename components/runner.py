@@ -10,6 +10,8 @@ node's pods live in any namespace:
                                                lists the node's pods, then GETs each until gone)
     pods/eviction    create                   (drain through the Eviction API, PDB-aware)
 
+With `spare_keeper`, in the runner's namespace only (Role): configmaps get, list (the pools'
+descriptions the leader's spare keeper reads; it marks spares with the nodes patch above).
 In the audit namespace only (Role): events get, list, create (the audit role lists the Events
 autoheal already wrote, so a rerun creates none twice, and creates the missing ones). Nothing
 else: no secrets, no pod create/delete/exec, no node create/delete (the replacement backend
@@ -79,6 +81,9 @@ RUNNER_EVENT_RULES: tuple[Rule, ...] = ((("",), ("events",), ("get", "list", "cr
 # leader election (journal="postgres"), in the runner's own namespace: the one Lease, read,
 # created on first start, renewed (update); nothing else of coordination.k8s.io
 RUNNER_LEASE_RULES: tuple[Rule, ...] = ((("coordination.k8s.io",), ("leases",), ("get", "create", "update")),)
+# the spare keeper (spare_keeper=True), in the runner's own namespace: it lists the pool
+# descriptions (ConfigMaps autoheal-pool-<name>); it marks nodes with the cluster-wide nodes patch
+RUNNER_POOL_RULES: tuple[Rule, ...] = ((("",), ("configmaps",), ("get", "list")),)
 LEASE_NAME = RUNNER_NAME
 
 
@@ -125,6 +130,11 @@ class RemediationRunnerArgs:
     slurm: RunnerSlurmArgs | None = None
     resources: RunnerResources = field(default_factory=RunnerResources)
     cordon_sync: bool = True  # Kubernetes cordons and taints by hand drain in Slurm
+    # the leader keeps each pool's declared spares (remediation/spares.py); needs the pool
+    # ConfigMaps in the runner's namespace
+    spare_keeper: bool = False
+    # the leader deletes dynamic Slurm nodes whose Node is gone (remediation/dead_nodes.py)
+    dead_nodes: bool = False
     # taints the runner tolerates: none by default (it belongs on system nodes, not GPU nodes)
     tolerate: Sequence[Taint] = ()
     # labels a node must carry to run the runner (e.g. system nodes); none: any
@@ -188,6 +198,8 @@ class RemediationRunner(pulumi.ComponentResource):
         journal = self._journal(skip) if args.journal == "sqlite" else None
         if args.journal == "postgres":
             self._leader_election()
+        if args.spare_keeper:
+            self._namespaced_role("pools", "pools", RUNNER_POOL_RULES)
         files = _RunnerFiles(token, config_map, journal, config_hash, self._slurm())
         self._workload(files, skip)
         if args.replicas > 1:
@@ -249,15 +261,20 @@ class RemediationRunner(pulumi.ComponentResource):
 
     def _leader_election(self) -> None:
         """The Lease's Role, in the runner's namespace (where the Lease lives)."""
+        self._namespaced_role("lease", "leader-election", RUNNER_LEASE_RULES)
+
+    def _namespaced_role(self, part: str, suffix: str, rules: tuple[Rule, ...]) -> None:
+        """A Role of the runner's own namespace (`autoheal-runner-<suffix>`) with `rules`, bound
+        to its ServiceAccount."""
         role = k8s.rbac.v1.Role(
-            f"{self._name}-lease-role",
-            metadata=self._meta(f"{RUNNER_NAME}-leader-election"),
-            rules=_policy_rules(RUNNER_LEASE_RULES),
+            f"{self._name}-{part}-role",
+            metadata=self._meta(f"{RUNNER_NAME}-{suffix}"),
+            rules=_policy_rules(rules),
             opts=child(self),
         )
         k8s.rbac.v1.RoleBinding(
-            f"{self._name}-lease-binding",
-            metadata=self._meta(f"{RUNNER_NAME}-leader-election"),
+            f"{self._name}-{part}-binding",
+            metadata=self._meta(f"{RUNNER_NAME}-{suffix}"),
             role_ref=_role_ref("Role", role.metadata.name),
             subjects=[
                 k8s.rbac.v1.SubjectArgs(
@@ -452,6 +469,8 @@ def runner_settings(args: RemediationRunnerArgs) -> dict[str, Any]:
         "in_cluster": True,  # the ServiceAccount's token, never a kubeconfig in a Secret
         "cluster_checks": True,  # /readyz: API server and slurmctld
         "cordon_sync": {**dict(args.settings.get("cordon_sync") or {}), "enabled": args.cordon_sync},
+        "spare_keeper": {**dict(args.settings.get("spare_keeper") or {}), "enabled": args.spare_keeper},
+        "dead_nodes": {**dict(args.settings.get("dead_nodes") or {}), "enabled": args.dead_nodes},
         "play_vars": play_vars,
     }
 

@@ -310,3 +310,27 @@ def test_a_node_port_is_only_for_a_node_port_service():
     assert svc.inputs["spec"]["ports"][0]["nodePort"] == 30095
     with pytest.raises(ValueError, match="node_port needs service_type='NodePort'"):
         run_program(lambda: RemediationRunner("runner", RemediationRunnerArgs(node_port=30095)))
+
+
+def test_the_spare_keeper_may_read_the_pool_configmaps_of_its_own_namespace_only():
+    """Issue 32: the leader's spare keeper lists the pools' ConfigMaps (a Role in the runner's
+    namespace, never cluster-wide) and marks nodes with the ClusterRole's nodes patch; both fleet
+    loops are turned on in runner.yaml."""
+    from remediation.config import parse_config
+
+    rec = run_program(
+        lambda: RemediationRunner("r", RemediationRunnerArgs(spare_keeper=True, dead_nodes=True))
+    )
+    role = rec.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "autoheal-runner-pools")
+    assert role.inputs["metadata"]["namespace"] == "autoheal"
+    assert _granted(role) == {("", "configmaps", "get"), ("", "configmaps", "list")}
+    binding = rec.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "autoheal-runner-pools")
+    assert binding.inputs["roleRef"]["name"] == "autoheal-runner-pools"
+    assert ("", "nodes", "patch") in _granted(rec.one(CLUSTER_ROLE, "autoheal-runner"))
+    cm = rec.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config")
+    cfg = parse_config(yaml.safe_load(cm.inputs["data"]["runner.yaml"]), "runner.yaml", Path("/"), env={})
+    assert cfg.spare_keeper.enabled and cfg.dead_nodes.enabled
+    plain = run_program(lambda: RemediationRunner("r", RemediationRunnerArgs()))
+    assert not [
+        r for r in plain.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role") if "pools" in r.k8s_name
+    ]

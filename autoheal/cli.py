@@ -74,7 +74,7 @@ def main() -> None:
     try:
         app()
     except AutohealError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {exc}", soft_wrap=True)  # one line: scripts read it
         sys.exit(2)
 
 

@@ -5,6 +5,7 @@ tests/k8s_runner/test_fleet_loops.py and tests/nodes/test_dead_node_cleanup.py."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -189,3 +190,26 @@ def test_slurm_json_gives_dynamic_busy_and_comment() -> None:
     got = parse_sinfo(json.dumps(new))
     assert (got["a"].dynamic, got["a"].busy, got["a"].comment) == (True, False, "c")
     assert got["b"].busy and got["c"].busy and not got["c"].dynamic
+
+
+def test_the_fleet_loops_are_built_off_by_default_and_act_only_while_leading(tmp_path: Path) -> None:
+    from remediation.cluster_side import ClusterSide
+    from tests.remediation.remhelp import make_config
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("")
+    off = ClusterSide.from_config(make_config(tmp_path, kubeconfig=str(kubeconfig)))
+    assert off.keeper is None and off.reaper is None
+    leading = [False]
+    cfg = make_config(
+        tmp_path,
+        kubeconfig=str(kubeconfig),
+        spare_keeper={"enabled": True},
+        dead_nodes={"enabled": True, "grace_seconds": 45},
+    )
+    side = ClusterSide.from_config(cfg, leading=lambda: leading[0])
+    assert side.keeper is not None and side.reaper is not None and side.reaper.grace == 45
+    assert not side.keeper.leading() and not side.reaper.leading()
+    leading[0] = True
+    assert side.keeper.leading() and side.reaper.leading()
+    assert side.keeper.journal.path == cfg.state_dir / "spare-keeper.jsonl"

@@ -6,11 +6,14 @@
 - retire: Karpenter's termination finalizer drains and deletes the Node and terminates the
   instance; a static NodePool (`spec.replicas`, the StaticCapacity feature gate) launches the
   replacement at once, a dynamic one when pending pods need the capacity. A NodeClaim already
-  deleting or gone is not deleted again (`changed=False`);
+  deleting or gone is not deleted again (`changed=False`). `autoheal pool retire
+  --wait-replacement` waits on health: the pool back at its replicas without the retired nodes;
 - reboot: Karpenter has no reboot (a NodeClaim is replaced, never rebooted): every node answers
   ok=False with why, and the ladder climbs to retire;
 - health: per pool (the NodePools whose template carries `autoheal.io/pool`, else the NodePool's
-  name), the desired replicas and the NodeClaims launched, Ready, deleting.
+  name), the desired replicas and the NodeClaims launched, Ready, deleting; `ok` once as many
+  NodeClaims as the static NodePools' replicas are initialized with a Ready Node (members: those
+  Nodes; a deleting NodeClaim's Node is no member).
 
 Through the `kubernetes` client (pools/kube.py): a kubeconfig, in-cluster, or the default one.
 RBAC: get/list nodes; get/list nodepools; get/list/delete nodeclaims (group karpenter.sh).
@@ -18,7 +21,6 @@ RBAC: get/list nodes; get/list nodepools; get/list/delete nodeclaims (group karp
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from typing import Any, Final
 from autoheal import labels as lb
 from pools import kube
 from pools.base import BackendError, NodeResult, PoolHealth
+from pools.registry import BackendOptions
 
 GROUP: Final = "karpenter.sh"
 VERSION: Final = "v1"
@@ -71,11 +74,16 @@ class Claim:
         )
 
 
+def pool_of(nodepool: dict[str, Any]) -> str:
+    """The pool a NodePool serves: its template's `autoheal.io/pool` label, else its own name."""
+    labels = ((nodepool.get("spec", {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+    return str(labels.get(lb.POOL_LABEL) or nodepool["metadata"]["name"])
+
+
 class KarpenterBackend:
     name = "karpenter"
 
-    def __init__(self, kubeconfig: str | None = None, poll: float = 1.0, core_api: Any = None) -> None:
-        self.poll = poll
+    def __init__(self, kubeconfig: str | None = None, core_api: Any = None) -> None:
         self._kubeconfig = kubeconfig
         self._core = core_api
 
@@ -122,12 +130,12 @@ class KarpenterBackend:
     # --- retire -------------------------------------------------------------------------------
 
     def _resolve(
-        self, nodes: Sequence[str], claims: list[Claim]
+        self, views: dict[str, kube.NodeView | None], claims: list[Claim]
     ) -> tuple[dict[str, NodeResult], dict[str, Claim]]:
         """Each node's NodeClaim to delete, or its result when there is nothing to delete."""
         results: dict[str, NodeResult] = {}
         todo: dict[str, Claim] = {}
-        for name, view in kube.read_nodes(self.core, nodes).items():
+        for name, view in views.items():
             if view is None:
                 # the Node is gone; a NodeClaim naming it may still stand (someone deleted the Node)
                 left = [c for c in claims if c.node == name]
@@ -197,56 +205,32 @@ class KarpenterBackend:
             detail=f"NodeClaim {claim.name} deleted (NodePool {claim.nodepool or '?'} replaces it)",
         )
 
-    def retire(
-        self, nodes: Sequence[str], wait_replacement: bool = False, timeout: float = 300.0
-    ) -> list[NodeResult]:
-        before = self.claims()
-        results, todo = self._resolve(nodes, before)
-        with ThreadPoolExecutor(max_workers=min(8, max(1, len(todo)))) as pool:
-            done = pool.map(lambda item: self._delete(*item), todo.items())
-            results.update({r.node: r for r in done})
-        retired = {n: todo[n] for n in todo if results[n].changed}
-        if wait_replacement and retired:
-            results.update(self._wait_replacements(retired, results, {c.name for c in before}, timeout))
+    def retire(self, nodes: Sequence[str], dry_run: bool = False) -> list[NodeResult]:
+        """Delete each node's NodeClaim (its NodePool replaces it); `dry_run`: read only, a node
+        that would be retired is ok, unchanged, with `extra.would_retire`. A changed result's
+        `extra.pool` is the node's pool (`autoheal pool retire --wait-replacement` waits on it)."""
+        claims = self.claims()
+        views = kube.read_nodes(self.core, nodes)
+        results, todo = self._resolve(views, claims)
+        pools = {n: ((v.pool if v else "") or self._pool_of(todo[n])) for n, v in views.items() if n in todo}
+        if dry_run:
+            for name, claim in todo.items():
+                extra = {"pool": pools[name], "nodepool": claim.nodepool, "would_retire": True}
+                detail = f"would delete NodeClaim {claim.name} (NodePool {claim.nodepool})"
+                results[name] = NodeResult(name, ok=True, instance=claim.name, detail=detail, extra=extra)
+            return [results[n] for n in nodes]
+        with ThreadPoolExecutor(max_workers=min(8, max(1, len(todo)))) as ex:
+            for r in ex.map(lambda item: self._delete(*item), todo.items()):
+                extra = {"pool": pools[r.node], "nodepool": todo[r.node].nodepool}
+                results[r.node] = NodeResult(r.node, r.ok, r.changed, r.detail, r.instance, extra)
         return [results[n] for n in nodes]
 
-    def _wait_replacements(
-        self, retired: dict[str, Claim], results: dict[str, NodeResult], old: set[str], timeout: float
-    ) -> dict[str, NodeResult]:
-        """For each NodePool of a retired NodeClaim, as many new usable NodeClaims (initialized, their
-        Node Ready) as it lost, within `timeout`; each result's `extra.replacements` names the new nodes."""
-        lost: dict[str, int] = {}
-        for claim in retired.values():
-            lost[claim.nodepool] = lost.get(claim.nodepool, 0) + 1
-        start = time.monotonic()
-        while True:
-            ready = {v.name for v in kube.list_nodes(self.core) if v.ready}
-            new: dict[str, list[str]] = {np: [] for np in lost}
-            for c in self.claims():
-                if c.nodepool in new and c.name not in old and c.usable(ready):
-                    new[c.nodepool].append(c.node)
-            if all(len(new[np]) >= n for np, n in lost.items()) or time.monotonic() - start >= timeout:
-                break
-            time.sleep(self.poll)
-        secs = round(time.monotonic() - start, 1)
-        out = {}
-        for name, claim in retired.items():
-            got = sorted(new[claim.nodepool])
-            extra = {"replacements": got, "seconds": secs, "nodepool": claim.nodepool}
-            if len(got) >= lost[claim.nodepool]:
-                detail = f"{results[name].detail}; replacement Ready in {secs}s: {', '.join(got)}"
-                out[name] = NodeResult(
-                    name, ok=True, changed=True, instance=claim.name, detail=detail, extra=extra
-                )
-            else:
-                detail = (
-                    f"NodeClaim {claim.name} deleted, but no Ready replacement from NodePool"
-                    f" {claim.nodepool} within {timeout:g}s"
-                )
-                out[name] = NodeResult(
-                    name, ok=False, changed=True, instance=claim.name, detail=detail, extra=extra
-                )
-        return out
+    def _pool_of(self, claim: Claim) -> str:
+        """A NodeClaim's pool when its Node is gone: its NodePool's pool label, else the NodePool."""
+        for np in self._list("nodepools"):
+            if np["metadata"]["name"] == claim.nodepool:
+                return pool_of(np)
+        return claim.nodepool
 
     # --- health -------------------------------------------------------------------------------
 
@@ -256,8 +240,7 @@ class KarpenterBackend:
         ready = {v.name for v in kube.list_nodes(self.core) if v.ready}
         by_pool: dict[str, list[dict[str, Any]]] = {}
         for np in nodepools:
-            labels = ((np.get("spec", {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
-            by_pool.setdefault(labels.get(lb.POOL_LABEL) or np["metadata"]["name"], []).append(np)
+            by_pool.setdefault(pool_of(np), []).append(np)
         out = []
         for pool in list(pools) or sorted(by_pool):
             nps = by_pool.get(pool, [])
@@ -287,3 +270,8 @@ class KarpenterBackend:
             )
             out.append(PoolHealth(pool, self.name, ok, detail, counts, up))
         return out
+
+
+def from_options(opts: BackendOptions) -> KarpenterBackend:
+    """The registry's factory (pools/registry.py): `--kubeconfig`."""
+    return KarpenterBackend(opts.kubeconfig or None)

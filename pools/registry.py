@@ -21,6 +21,7 @@ ENTRY_POINT_GROUP: Final = "autoheal.pools"
 # name -> "module:factory" of the backends in this package
 BUILTIN: Final[dict[str, str]] = {
     "aws": "pools.aws:from_options",
+    "karpenter": "pools.karpenter:from_options",
 }
 
 

@@ -9,7 +9,10 @@ Skipped, saying so, only when `karpenter-kwok` is not built (scripts/build-tools
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from lab import controlplane, karpenter
 from lab.config import PoolConfig
 from lab.pool import node_labels
 from pools.base import BackendError
+from pools.cli import wait_replacements
 from pools.karpenter import NODEPOOL_LABEL, KarpenterBackend
 from tests.support import port_base, processes_pointing_into, wait_for
 
@@ -29,6 +33,7 @@ pytestmark = pytest.mark.kube
 PORT_BASE = port_base(29600)
 POOL = PoolConfig(name="kp", size=3, spares=1, gpus_per_node=8)
 UP_TIMEOUT = 120.0
+AUTOHEAL = Path(sys.executable).parent / "autoheal"
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +56,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.KubeH
 
 @pytest.fixture(scope="module")
 def backend(lab: controlplane.KubeHandle) -> KarpenterBackend:
-    return KarpenterBackend(str(lab.kubeconfig), poll=0.5)
+    return KarpenterBackend(str(lab.kubeconfig))
 
 
 def _nodes(lab: controlplane.KubeHandle) -> dict[str, dict[str, Any]]:
@@ -112,9 +117,15 @@ def test_retire_deletes_the_nodeclaim_and_karpenter_replaces_the_node(
 ) -> None:
     victim = wait_for(lambda: _pool_up(lab), UP_TIMEOUT, "the pool")["kp"][0]
     claim = next(c for c in backend.claims() if c.node == victim)
-    (res,) = backend.retire([victim], wait_replacement=True, timeout=UP_TIMEOUT)
+    (dry,) = backend.retire([victim], dry_run=True)
+    assert dry.ok and not dry.changed and dry.extra["would_retire"], dry.detail
+    assert claim.name in {c.name for c in backend.claims() if not c.deleting}
+    # what `autoheal pool retire --wait-replacement` does: retire, then wait on the pool's health
+    before = backend.health([])
+    results = wait_replacements(backend, backend.retire([victim]), before, UP_TIMEOUT, poll=0.5)
+    (res,) = results
     assert res.ok and res.changed, res.detail
-    assert res.instance == claim.name
+    assert res.instance == claim.name and res.extra["pool"] == "kp"
     (new,) = res.extra["replacements"]
     assert new != victim
     node = _nodes(lab)[new]
@@ -124,12 +135,33 @@ def test_retire_deletes_the_nodeclaim_and_karpenter_replaces_the_node(
     # Karpenter finishes the termination: the old NodeClaim and its Node go away
     wait_for(lambda: all(c.name != claim.name for c in backend.claims()), 60, "the old NodeClaim to go")
     wait_for(lambda: victim not in _nodes(lab), 60, "the retired Node to go")
-    # a second retire changes nothing, and so does a third once the Node is gone entirely
+    # a second retire changes nothing
     (again,) = backend.retire([victim])
     assert again.ok and not again.changed, again.detail
     assert "already retired" in again.detail
     (health,) = backend.health(["kp"])
     assert health.ok and new in health.members and victim not in health.members
+
+
+def test_the_autoheal_pool_cli_drives_the_backend(lab: controlplane.KubeHandle) -> None:
+    """`autoheal pool ... --backend karpenter --json`, as the runbook's tasks call it."""
+    victim = wait_for(lambda: _pool_up(lab), UP_TIMEOUT, "the pool")["kp"][0]
+
+    def cli(*args: str) -> list[dict[str, Any]]:
+        argv = [str(AUTOHEAL), "pool", *args, "--backend", "karpenter", "--kubeconfig", str(lab.kubeconfig)]
+        res = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=UP_TIMEOUT + 60)
+        assert res.returncode == 0, res.stderr
+        out: list[dict[str, Any]] = json.loads(res.stdout)
+        return out
+
+    (status,) = cli("status", "--pool", "kp")
+    assert status["ok"] and status["counts"]["desired"] == POOL.size + POOL.spares
+    (reboot,) = cli("reboot", "--nodes", victim, "--timeout", "5")
+    assert not reboot["ok"] and "no reboot" in reboot["detail"]
+    (res,) = cli("retire", "--nodes", victim, "--wait-replacement", "--timeout", str(UP_TIMEOUT))
+    assert res["ok"] and res["changed"] and len(res["extra"]["replacements"]) == 1, res
+    (again,) = cli("retire", "--nodes", victim)
+    assert again["ok"] and not again["changed"], again
 
 
 def test_retire_twice_in_one_batch_while_deleting(

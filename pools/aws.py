@@ -56,7 +56,7 @@ def node_group_name(pool: str) -> str:
 
 def instance_of(provider_id: str) -> str:
     """The instance id of an EC2 node's providerID, or ValueError naming what is wrong."""
-    m = PROVIDER_ID.match(provider_id)
+    m = PROVIDER_ID.fullmatch(provider_id)
     if not m:
         raise ValueError(
             f"spec.providerID {provider_id!r} is not an EC2 instance's (aws:///<az>/i-<hex>):"
@@ -301,7 +301,9 @@ class AwsBackend:
 
     # --- retire -------------------------------------------------------------------------------
 
-    def retire(self, nodes: Sequence[str]) -> list[NodeResult]:
+    def retire(self, nodes: Sequence[str], dry_run: bool = False) -> list[NodeResult]:
+        """Terminate the nodes' instances in their groups (desired capacity kept); `dry_run`: read
+        only, a node that would be retired is ok, unchanged, with `extra.would_retire`."""
         results, views = self._targets(nodes)
         for name in nodes:
             if name not in results and name not in views:
@@ -337,7 +339,13 @@ class AwsBackend:
                     instance=todo.pop(name).id,
                     detail=f"refused: the Node's providerID changed while retiring ({now}); retry",
                 )
-        results.update(self._terminate(todo, {n: views[n].pool for n in todo}))
+        if dry_run:
+            for name, inst in todo.items():
+                extra = {"group": inst.group, "pool": views[name].pool, "would_retire": True}
+                detail = f"would terminate {inst.id} in {inst.group} (dry run)"
+                results[name] = NodeResult(name, ok=True, instance=inst.id, detail=detail, extra=extra)
+        else:
+            results.update(self._terminate(todo, {n: views[n].pool for n in todo}))
         return [results[n] for n in nodes]
 
     def _terminate(self, todo: dict[str, Instance], pools: dict[str, str]) -> dict[str, NodeResult]:
@@ -388,7 +396,7 @@ class AwsBackend:
             return []
         nodes = {}
         for v in kube.list_nodes(self.core):
-            m = PROVIDER_ID.match(v.provider_id)
+            m = PROVIDER_ID.fullmatch(v.provider_id)
             if m and v.ready:
                 nodes[m["instance"]] = v.name
         out = []

@@ -8,6 +8,7 @@ list) and 2 with a one-line error when the backend could not act on the batch at
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from rich.table import Table
 
 from autoheal.errors import ValidationError
 from autoheal.names import validate_node_name
-from pools.base import NodeResult, PoolBackend, PoolHealth
+from pools.base import BackendError, NodeResult, PoolBackend, PoolHealth
 from pools.registry import BackendOptions, backend, names
 
 pool_app = typer.Typer(
@@ -160,6 +161,9 @@ def retire_cmd(
         bool, typer.Option("--wait-replacement", help="Wait until each pool is back at its size.")
     ] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the replacements.")] = 300,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Read only: say which nodes would be retired (check mode).")
+    ] = False,
     kubeconfig: KubeconfigOpt = "",
     cluster: ClusterOpt = "",
     option: OptionOpt = None,
@@ -168,6 +172,11 @@ def retire_cmd(
     """Retire the nodes' machines; the pool's own machinery replaces them (its size kept)."""
     names_ = parse_nodes(nodes)
     b = _backend(backend_name, kubeconfig, cluster, option)
+    if dry_run:
+        if "dry_run" not in inspect.signature(b.retire).parameters:
+            raise BackendError(f"backend {backend_name} has no dry run: run without --dry-run/check mode")
+        _print(b.retire(names_, dry_run=True), as_json)  # type: ignore[call-arg]
+        return
     before = b.health([]) if wait_replacement else []
     results = b.retire(names_)
     if wait_replacement:

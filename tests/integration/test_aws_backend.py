@@ -446,3 +446,88 @@ def test_the_kube_view_reads_what_backends_need(cloud):
     )
     with pytest.raises(BackendError, match="no Kubernetes access"):
         kube.core_api(str(cloud.kubeconfig) + ".missing")
+
+
+# --- the runbook's role ----------------------------------------------------------------------------
+
+
+def run_role(
+    cloud: Cloud, tmp: Path, tasks_from: str, nodes: list[str], check: bool, **extra: Any
+) -> tuple[int, dict]:
+    """roles/node_pool (tasks_from) with backend aws through ansible-playbook; the play's recap
+    changed count and the facts the backend set."""
+    from tests.runbook.conftest import RECAP_RE, REPO, VENV_BIN, ansible_env
+
+    facts = tmp / f"facts-{tasks_from}-{check}-{uuid.uuid4().hex[:6]}.json"
+    play = [
+        {
+            "hosts": "localhost",
+            "connection": "local",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "ansible.builtin.include_role": {"name": "node_pool", "tasks_from": tasks_from},
+                    "vars": {
+                        "node_pool_backend": "aws",
+                        "node_pool_nodes": nodes,
+                        "node_pool_kubeconfig": str(cloud.kubeconfig),
+                        "node_pool_aws_cluster": CLUSTER,
+                        "node_pool_autoheal_cli": AUTOHEAL,
+                        **extra,
+                    },
+                },
+                {
+                    "ansible.builtin.copy": {
+                        "dest": str(facts),
+                        "content": "{{ {'retired': node_pool_retired | default(None), 'skipped': node_pool_retire_skipped"
+                        " | default(None), 'replacements': node_pool_replacements | default(None),"
+                        " 'rebooted': node_pool_rebooted | default(None), 'reboot_failed': node_pool_reboot_failed"
+                        " | default(None)} | to_json }}",
+                    },
+                    "check_mode": False,
+                    "changed_when": False,
+                },
+            ],
+        }
+    ]
+    path = tmp / f"play-{uuid.uuid4().hex[:6]}.yml"
+    path.write_text(json.dumps(play))
+    argv = [str(VENV_BIN / "ansible-playbook"), str(path)] + (["--check"] if check else [])
+    res = subprocess.run(
+        argv, cwd=REPO, env={**ansible_env(), **cloud.env}, capture_output=True, text=True, timeout=300
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    m = RECAP_RE.search(out)
+    assert m, out[-2000:]
+    return int(m.group(2)), json.loads(facts.read_text())
+
+
+def test_the_node_pool_role_retires_through_aws_in_check_mode_then_once(cloud, tmp_path):
+    group = cloud.group("play", 2)
+    nodes = cloud.join_group(group, "play", "play")
+
+    changed, facts = run_role(cloud, tmp_path, "retire", ["play-0"], check=True)
+    assert changed == 0 and facts["retired"] == [] and facts["skipped"] == ["play-0"], facts
+    assert cloud.state(nodes["play-0"]) == "running"  # check mode read only
+
+    changed, facts = run_role(cloud, tmp_path, "retire", ["play-0"], check=False)
+    assert changed == 1 and facts["retired"] == ["play-0"] and facts["skipped"] == [], facts
+    assert cloud.state(nodes["play-0"]) in ("shutting-down", "terminated")
+    assert cloud.desired(group) == 2
+
+    changed, facts = run_role(cloud, tmp_path, "retire", ["play-0"], check=False)
+    assert changed == 0 and facts["retired"] == [] and facts["skipped"] == ["play-0"], facts
+
+
+def test_the_node_pool_role_reboot_through_aws_reports_the_failure_as_a_fact(cloud, tmp_path):
+    group = cloud.group("playrb", 1)
+    cloud.join_group(group, "playrb", "playrb")
+    changed, facts = run_role(cloud, tmp_path, "reboot", ["playrb-0"], check=True)
+    assert changed == 0 and facts["rebooted"] == [] and facts["reboot_failed"] == {}, facts
+    # nobody reports a new boot id: the reboot was issued (changed) and the node is reported failed
+    changed, facts = run_role(
+        cloud, tmp_path, "reboot", ["playrb-0"], check=False, node_pool_reboot_timeout=2
+    )
+    assert changed == 1 and facts["rebooted"] == [], facts
+    assert "within 2s" in facts["reboot_failed"]["playrb-0"], facts

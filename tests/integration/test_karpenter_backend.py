@@ -10,6 +10,8 @@ Skipped, saying so, only when `karpenter-kwok` is not built (scripts/build-tools
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +36,7 @@ PORT_BASE = port_base(29600)
 POOL = PoolConfig(name="kp", size=3, spares=1, gpus_per_node=8)
 UP_TIMEOUT = 120.0
 AUTOHEAL = Path(sys.executable).parent / "autoheal"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +165,85 @@ def test_the_autoheal_pool_cli_drives_the_backend(lab: controlplane.KubeHandle) 
     assert res["ok"] and res["changed"] and len(res["extra"]["replacements"]) == 1, res
     (again,) = cli("retire", "--nodes", victim)
     assert again["ok"] and not again["changed"], again
+
+
+PLAY = """
+- hosts: localhost
+  connection: local
+  tasks:
+    - ansible.builtin.include_role: {name: node_pool, tasks_from: "{{ op }}"}
+    - ansible.builtin.copy:
+        dest: "{{ facts_file }}"
+        content: "{{ (FACTS) | to_json }}"
+      changed_when: false
+      check_mode: false
+"""
+RETIRE_FACTS = (
+    "{'retired': node_pool_retired, 'skipped': node_pool_retire_skipped,"
+    " 'replacements': node_pool_replacements, 'failed': node_pool_retire_failed}"
+)
+REBOOT_FACTS = "{'rebooted': node_pool_rebooted, 'failed': node_pool_reboot_failed}"
+
+
+def _play(
+    tmp_path: Path, op: str, facts: str, extra: dict[str, Any], *flags: str
+) -> tuple[int, dict[str, Any]]:
+    """Run roles/node_pool's `op` tasks once; (tasks changed, the facts they published)."""
+    (tmp_path / "play.yml").write_text(PLAY.replace("FACTS", facts))
+    out = tmp_path / "facts.json"
+    (tmp_path / "vars.json").write_text(json.dumps({**extra, "op": op, "facts_file": str(out)}))
+    argv = [
+        str(AUTOHEAL.parent / "ansible-playbook"),
+        str(tmp_path / "play.yml"),
+        "-e",
+        f"@{tmp_path / 'vars.json'}",
+    ]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    res = subprocess.run([*argv, *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    m = re.search(r"localhost\s*:\s*ok=\d+\s+changed=(\d+)", res.stdout)
+    assert m, res.stdout[-2000:]
+    return int(m.group(1)), json.loads(out.read_text())
+
+
+def test_the_runbook_retires_through_karpenter(lab: controlplane.KubeHandle, tmp_path: Path) -> None:
+    """roles/node_pool's karpenter tasks: check mode changes nothing, the play retires and publishes
+    the replacement, and a second run changes nothing."""
+    victim = wait_for(lambda: _pool_up(lab), UP_TIMEOUT, "the pool")["kp"][0]
+    extra = {
+        "node_pool_backend": "karpenter",
+        "node_pool_nodes": [victim],
+        "node_pool_kubeconfig": str(lab.kubeconfig),
+        "node_pool_wait_replacement": True,
+        "node_pool_replacement_timeout": int(UP_TIMEOUT),
+    }
+
+    def play(*flags: str) -> tuple[int, dict[str, Any]]:
+        return _play(tmp_path, "retire", RETIRE_FACTS, extra, *flags)
+
+    changed, got = play("--check")
+    assert changed == 0 and got["retired"] == [] and got["skipped"] == [victim], got
+    assert victim in karpenter.pool_nodes(lab.kubeconfig, "kp")
+    changed, got = play()
+    assert changed == 1 and got["retired"] == [victim] and got["failed"] == {}, got
+    (new,) = got["replacements"]
+    assert _ready(_nodes(lab)[new])
+    changed, got = play()
+    assert changed == 0 and got["retired"] == [] and got["skipped"] == [victim] and got["failed"] == {}, got
+
+
+def test_the_runbook_reboot_says_karpenter_cannot(lab: controlplane.KubeHandle, tmp_path: Path) -> None:
+    nodes = wait_for(lambda: _pool_up(lab), UP_TIMEOUT, "the pool")["kp"][:2]
+    extra = {
+        "node_pool_backend": "karpenter",
+        "node_pool_nodes": nodes,
+        "node_pool_kubeconfig": str(lab.kubeconfig),
+    }
+    changed, got = _play(tmp_path, "reboot", REBOOT_FACTS, extra)
+    assert changed == 0 and got["rebooted"] == [], got
+    assert sorted(got["failed"]) == sorted(nodes) and all(
+        "no reboot" in why for why in got["failed"].values()
+    )
 
 
 def test_retire_twice_in_one_batch_while_deleting(

@@ -264,6 +264,22 @@ def test_retire_twice_in_one_batch_while_deleting(
     assert _nodes(lab)[up["kp-spare"][0]]["metadata"]["labels"][lb.SPARE_LABEL] == "true"
 
 
+def test_a_node_deleted_outside_the_backend_is_replaced_and_retires_once(
+    lab: controlplane.KubeHandle, backend: KarpenterBackend
+) -> None:
+    """Someone (the dead-node cleanup, a human) deletes the Node: Karpenter's termination finalizer
+    takes its NodeClaim with it and the NodePool replaces it; a retire then changes nothing."""
+    victim = wait_for(lambda: _pool_up(lab), UP_TIMEOUT, "the pool")["kp"][0]
+    claim = next(c for c in backend.claims() if c.node == victim)
+    controlplane.delete_node(lab, victim)
+    wait_for(
+        lambda: all(c.name != claim.name for c in backend.claims()), 60, "Karpenter to end the NodeClaim"
+    )
+    (first,) = backend.retire([victim])
+    assert first.ok and not first.changed, first.detail
+    wait_for(lambda: (up := _pool_up(lab)) and victim not in up["kp"], UP_TIMEOUT, "the replacement")
+
+
 def test_reboot_is_not_supported(lab: controlplane.KubeHandle, backend: KarpenterBackend) -> None:
     nodes = wait_for(lambda: _pool_up(lab), UP_TIMEOUT, "the pool")["kp"]
     results = backend.reboot(nodes[:2], timeout=5)

@@ -198,7 +198,7 @@ class RemediationRunner(pulumi.ComponentResource):
         journal = self._journal(skip) if args.journal == "sqlite" else None
         if args.journal == "postgres":
             self._leader_election()
-        if args.spare_keeper:
+        if _loop_on(args, "spare_keeper"):
             self._namespaced_role("pools", "pools", RUNNER_POOL_RULES)
         files = _RunnerFiles(token, config_map, journal, config_hash, self._slurm())
         self._workload(files, skip)
@@ -443,6 +443,11 @@ def _role_ref(kind: str, name: pulumi.Input[str]) -> k8s.rbac.v1.RoleRefArgs:
     return k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind=kind, name=name)
 
 
+def _loop_on(args: RemediationRunnerArgs, key: str) -> bool:
+    """A leader's fleet loop is on by the component's flag or by the stack's runner settings."""
+    return bool(getattr(args, key) or (args.settings.get(key) or {}).get("enabled"))
+
+
 def runner_settings(args: RemediationRunnerArgs) -> dict[str, Any]:
     """The runner's own config file (remediation.config.RunnerConfig): the keys that describe this
     deployment's layout are set here; everything else passes through from `settings`."""
@@ -469,8 +474,14 @@ def runner_settings(args: RemediationRunnerArgs) -> dict[str, Any]:
         "in_cluster": True,  # the ServiceAccount's token, never a kubeconfig in a Secret
         "cluster_checks": True,  # /readyz: API server and slurmctld
         "cordon_sync": {**dict(args.settings.get("cordon_sync") or {}), "enabled": args.cordon_sync},
-        "spare_keeper": {**dict(args.settings.get("spare_keeper") or {}), "enabled": args.spare_keeper},
-        "dead_nodes": {**dict(args.settings.get("dead_nodes") or {}), "enabled": args.dead_nodes},
+        "spare_keeper": {
+            **dict(args.settings.get("spare_keeper") or {}),
+            "enabled": _loop_on(args, "spare_keeper"),
+        },
+        "dead_nodes": {
+            **dict(args.settings.get("dead_nodes") or {}),
+            "enabled": _loop_on(args, "dead_nodes"),
+        },
         "play_vars": play_vars,
     }
 

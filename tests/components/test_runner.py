@@ -334,3 +334,7 @@ def test_the_spare_keeper_may_read_the_pool_configmaps_of_its_own_namespace_only
     assert not [
         r for r in plain.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role") if "pools" in r.k8s_name
     ]
+    # the stack's runner settings may turn it on too (autoheal:runner settings.spare_keeper)
+    args = RemediationRunnerArgs(settings={"spare_keeper": {"enabled": True, "interval_seconds": 30}})
+    by_settings = run_program(lambda: RemediationRunner("r", args))
+    assert by_settings.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "autoheal-runner-pools")

@@ -63,6 +63,7 @@ def view(node: Any) -> NodeView:
 def read_nodes(api: Any, names: Iterable[str]) -> dict[str, NodeView | None]:
     """Each named Node, or None for one that does not exist."""
     from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
 
     found: dict[str, NodeView | None] = {}
     for name in names:
@@ -70,16 +71,27 @@ def read_nodes(api: Any, names: Iterable[str]) -> dict[str, NodeView | None]:
             found[name] = view(api.read_node(name))
         except ApiException as exc:
             if exc.status != 404:
-                raise BackendError(f"reading Node {name}: HTTP {exc.status} {exc.reason}") from exc
+                raise BackendError(
+                    f"reading Node {name}: HTTP {exc.status} {exc.reason}{_hint(exc)}"
+                ) from exc
             found[name] = None
+        except HTTPError as exc:
+            raise BackendError(f"reading Node {name}: the Kubernetes API is unreachable ({exc})") from exc
     return found
 
 
 def list_nodes(api: Any) -> list[NodeView]:
     """Every Node of the cluster."""
     from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
 
     try:
         return [view(n) for n in api.list_node().items]
     except ApiException as exc:
-        raise BackendError(f"listing Nodes: HTTP {exc.status} {exc.reason}") from exc
+        raise BackendError(f"listing Nodes: HTTP {exc.status} {exc.reason}{_hint(exc)}") from exc
+    except HTTPError as exc:
+        raise BackendError(f"listing Nodes: the Kubernetes API is unreachable ({exc})") from exc
+
+
+def _hint(exc: Any) -> str:
+    return " (RBAC: the runner's ClusterRole must get and list nodes)" if exc.status == 403 else ""

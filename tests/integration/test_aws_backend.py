@@ -387,7 +387,7 @@ def iam_moto(tmp_path_factory) -> Iterator[MotoServer]:
         yield server
 
 
-def test_access_denied_names_the_missing_iam_action(iam_moto, cp):
+def test_access_denied_names_the_missing_iam_action(iam_moto, cp, tmp_path):
     env = iam_moto.env()
     iam = boto3.client(
         "iam",
@@ -430,6 +430,12 @@ def test_access_denied_names_the_missing_iam_action(iam_moto, cp):
     # reads are allowed: status works with the runner's keys
     status = cli(runner, "status", "--pool", "iam", "--json")
     assert status.returncode == 0 and json.loads(status.stdout)[0]["ok"], status
+    # through the role: the batch's one-line error is each node's reason, for the ladder to escalate
+    changed, facts = run_role(runner, tmp_path, "reboot", ["iam-0"], check=False)
+    assert changed == 0 and facts["rebooted"] == [], facts
+    assert facts["reboot_failed"]["iam-0"].startswith(
+        "error: access denied: the IAM role lacks ec2:RebootInstances"
+    )
 
 
 def test_the_kube_view_reads_what_backends_need(cloud):

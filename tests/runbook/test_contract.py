@@ -200,3 +200,33 @@ def test_plays_take_our_names_from_the_role_defaults():
         if labels.DOMAIN + "/" in line or labels.SPARE_REASON in line
     ]
     assert not found, found
+
+
+def test_the_runbook_takes_the_cores_pool_backends():
+    """The runbook's input, the role's argument and a task file per backend: the names the stack and
+    the runner use (autoheal/backends.py)."""
+    from autoheal.backends import POOL_BACKENDS
+
+    inputs = yaml.safe_load((REPO / "playbooks/specs/inputs.yml").read_text())
+    choices = next(spec["choices"] for spec in _specs(inputs) if spec.get("_name") == "autoheal_backend")
+    assert choices == ["", *POOL_BACKENDS]
+    role = yaml.safe_load((REPO / "roles/node_pool/meta/argument_specs.yml").read_text())
+    opts = role["argument_specs"]["main"]["options"]
+    assert opts["node_pool_backend"]["choices"] == list(POOL_BACKENDS)
+    for backend in POOL_BACKENDS:
+        for op in ("reboot", "retire"):
+            assert (REPO / f"roles/node_pool/tasks/backends/{backend}/{op}.yml").is_file(), (backend, op)
+
+
+def _specs(doc: Any) -> list[dict[str, Any]]:
+    """Every option spec in a YAML document of argument specs, with its name as `_name`."""
+    found: list[dict[str, Any]] = []
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if isinstance(value, dict) and "type" in value:
+                found.append({**value, "_name": key})
+            found.extend(_specs(value))
+    elif isinstance(doc, list):
+        for item in doc:
+            found.extend(_specs(item))
+    return found

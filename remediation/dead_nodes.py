@@ -17,8 +17,10 @@ The leading runner reconciles every `interval_seconds`:
                                                        requeues its jobs (JobRequeue=1) itself
     dynamic, no jobs            gone >= grace          delete (`scontrol delete nodename=X`)
 
-"Gone" is judged by our clock from the first pass that missed the Node, so a Node deleted while
-this replica follows is timed from when it starts leading (a new leader waits one grace more).
+A list that misses most dynamic nodes at once (another cluster's kubeconfig, a partial answer)
+deletes nothing and is reported as the loop's error. "Gone" is judged by our clock from the
+first pass that missed the Node, so a Node deleted while this replica follows is timed from when
+it starts leading (a new leader waits one grace more).
 A retired instance's Node is deleted by the cloud's node lifecycle controller (or the lab's
 retire), so the same rule covers it. Each deletion is a JSON line in the journal, a log line and
 a counter; slurmctld refusing one (a job arrived in between) is logged and tried next pass.
@@ -78,6 +80,18 @@ def plan(
         if v is not None:
             out.append(v)
     return out
+
+
+def implausible(slurm: Mapping[str, SlurmNode], kube: Iterable[str]) -> str | None:
+    """Why this Node list must not be trusted to delete anything, or None: when most dynamic
+    Slurm nodes (more than half, and more than two) are missing at once, the likelier cause is a
+    kubeconfig of another cluster or a partial list, not a mass death."""
+    present = set(kube)
+    dynamic = [n for n, s in slurm.items() if s.dynamic]
+    gone = [n for n in dynamic if n not in present]
+    if len(gone) > 2 and len(gone) * 2 > len(dynamic):
+        return f"{len(gone)} of {len(dynamic)} dynamic Slurm nodes have no Kubernetes Node: deleting none"
+    return None
 
 
 @dataclass

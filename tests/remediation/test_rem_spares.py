@@ -12,7 +12,7 @@ import pytest
 
 from autoheal.labels import JOINING_REASON, SPARE_REASON
 from remediation.cordon_sync import KubeNode, SlurmNode, parse_sinfo
-from remediation.dead_nodes import decide, plan
+from remediation.dead_nodes import decide, implausible, plan
 from remediation.errors import RunnerConfigError
 from remediation.notify import SpareShortage
 from remediation.spares import PoolDecl, parse_pool, plan_pool
@@ -213,3 +213,12 @@ def test_the_fleet_loops_are_built_off_by_default_and_act_only_while_leading(tmp
     leading[0] = True
     assert side.keeper.leading() and side.reaper.leading()
     assert side.keeper.journal.path == cfg.state_dir / "spare-keeper.jsonl"
+
+
+def test_a_node_list_missing_most_dynamic_nodes_deletes_nothing() -> None:
+    slurm = {f"n{i}": idle(f"n{i}") for i in range(6)}
+    assert implausible(slurm, ["n0", "n1", "n2", "n3"]) is None  # two gone: believable
+    assert "4 of 6" in str(implausible(slurm, ["n0", "n1"]))  # most of the fleet at once: not
+    assert (
+        implausible({**slurm, "static": SlurmNode("static", False, "")}, [f"n{i}" for i in range(6)]) is None
+    )

@@ -165,7 +165,8 @@ def test_the_sync_reads_each_nodes_own_reason_on_slurm_24(tmp_path, monkeypatch)
 
     monkeypatch.setattr(cli, "_run", run)
     nodes = cli.nodes()
-    assert nodes["gpu-2"] == SlurmNode("gpu-2", True, "autoheal: hot spare")
-    assert nodes["gpu-3"] == SlurmNode("gpu-3", True, "autoheal: XID 79 gpu3 inc-0123456789ab")
+    # the pods lab's nodes are dynamic (`slurmd -Z`: DYNAMIC_NORM), which the dead-node loop reads
+    assert nodes["gpu-2"] == SlurmNode("gpu-2", True, "autoheal: hot spare", dynamic=True)
+    assert nodes["gpu-3"] == SlurmNode("gpu-3", True, "autoheal: XID 79 gpu3 inc-0123456789ab", dynamic=True)
     cli.nodes()
     assert ran == ["sinfo", "scontrol", "scontrol"]

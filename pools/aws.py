@@ -310,6 +310,15 @@ class AwsBackend:
                 results[name] = NodeResult(
                     name, ok=True, detail="no such Node: already retired (nothing maps it to an instance)"
                 )
+        for name, view in list(views.items()):
+            if not view.unschedulable:
+                # an unfenced node of that name is a new machine that reused it, never the failed one
+                del views[name]
+                results[name] = NodeResult(
+                    name,
+                    ok=False,
+                    detail=f"refused: Node {name} is not cordoned: retire acts only on a fenced node",
+                )
         ids = {name: instance_of(v.provider_id) for name, v in views.items()}
         known = self.instances(list(ids.values()))
         todo: dict[str, Instance] = {}
@@ -331,7 +340,7 @@ class AwsBackend:
                 todo[name] = inst
         # read the providerIDs again: a Node replaced (same name, new instance) since is not touched
         for name, v in kube.read_nodes(self.core, list(todo)).items():
-            if v is None or v.provider_id != views[name].provider_id:
+            if v is None or v.provider_id != views[name].provider_id or not v.unschedulable:
                 now = v.provider_id if v else "no Node"
                 results[name] = NodeResult(
                     name,

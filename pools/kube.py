@@ -24,6 +24,7 @@ class NodeView:
     ready: bool
     boot_id: str
     pool: str
+    unschedulable: bool = False  # cordoned: the runbook fences a node before it is retired
 
 
 def core_api(kubeconfig: str | None = None) -> Any:
@@ -57,6 +58,7 @@ def view(node: Any) -> NodeView:
         ready=ready,
         boot_id=(info.boot_id or "") if info else "",
         pool=(node.metadata.labels or {}).get(lb.POOL_LABEL, ""),
+        unschedulable=bool(node.spec and node.spec.unschedulable),
     )
 
 

@@ -131,11 +131,13 @@ class Cloud:
         r = self.client("ec2").describe_instances(InstanceIds=[instance])
         return str(r["Reservations"][0]["Instances"][0]["State"]["Name"])
 
-    def join(self, name: str, instance: str, pool: str, boot_id: str = "boot-1") -> None:
+    def join(self, name: str, instance: str, pool: str, boot_id: str = "boot-1", fenced: bool = True) -> None:
         """What EKS's bootstrap does: a Node for the instance, its providerID naming it (KWOK keeps
-        it Ready, and keeps the boot id the test gives it)."""
+        it Ready, and keeps the boot id the test gives it); `fenced`: cordoned, as the runbook
+        leaves a node before it retires it."""
         manifest = controlplane.node_manifest(controlplane.KubeNodeSpec(name, labels={lb.POOL_LABEL: pool}))
         manifest["spec"]["providerID"] = f"aws:///{AZ}/{instance}"
+        manifest["spec"]["unschedulable"] = fenced
         manifest["status"]["nodeInfo"] = {"bootID": boot_id}
         with controlplane.http_client(self.kubeconfig) as http:
             r = http.post(
@@ -237,6 +239,25 @@ def test_retire_terminates_the_nodes_instance_keeps_the_size_and_a_second_retire
     [again] = backend(cloud).retire([victim])
     assert (again.ok, again.changed) == (True, False) and "already retired" in again.detail, again
     assert cloud.in_service(group) == now
+
+
+def test_a_retry_never_terminates_a_new_machine_that_took_the_nodes_name(cloud, aws_env):
+    """A retire retried after the node's name came back on the replacement (EKS names nodes by
+    private DNS name, which a new instance can reuse): the new Node is not fenced, so nothing is
+    terminated, and its instance is not the one retired."""
+    group = cloud.group("reuse", 1)
+    [(name, first)] = cloud.join_group(group, "reuse", "reuse").items()
+    [r] = backend(cloud).retire([name])
+    assert r.ok and r.changed and r.instance == first
+    controlplane.delete_node(cloud.kubeconfig, name)
+    api = kube.core_api(str(cloud.kubeconfig))
+    wait_for(lambda: kube.read_nodes(api, [name])[name] is None, 30, f"Node {name} deleted")
+    [second] = wait_for(lambda: cloud.in_service(group), 30, "the replacement instance")
+    cloud.join(name, second, "reuse", fenced=False)
+
+    [again] = backend(cloud).retire([name])
+    assert (again.ok, again.changed) == (False, False) and "not cordoned" in again.detail, again
+    assert cloud.state(second) == "running"
 
 
 def test_a_node_whose_instance_is_another_clusters_or_another_pools_is_refused(cloud, aws_env):

@@ -3,9 +3,9 @@ makes the instances it launches lab nodes.
 
 A pool with `backend: aws` is an EKS managed node group as the AWS backend (pools/aws.py) sees
 one: an Auto Scaling group tagged `eks:cluster-name=<lab name>` and
-`eks:nodegroup-name=autoheal-<pool>`, desired capacity = size + spares, launched from a launch
-template into a subnet of a VPC. The backend talks to it through the real AWS wire protocol
-(boto3 with AWS_ENDPOINT_URL), never to the lab.
+`eks:nodegroup-name=autoheal-<pool>` (the backend's own names), desired capacity = size +
+spares, launched from a launch template into a subnet of a VPC. The backend talks to it through
+the real AWS wire protocol (boto3 with AWS_ENDPOINT_URL), never to the lab.
 
 What moto does not do, the lab does (lab.pool runs both, so one process owns the pool's state):
 
@@ -37,18 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from autoheal.errors import LabError
-from components.nodepool import node_group_name
 from lab import procs
 from lab.config import LabConfig, PoolConfig
 from lab.httpd import LabHTTPServer
+from pools.aws import CLUSTER_TAG, NODEGROUP_TAG, node_group_name
 
 SERVICE = "moto"  # the lab service (PID file, log) of moto's server
 REGION = "us-east-1"
 ZONE = "us-east-1a"
 # moto takes any credentials; these only have to be there for botocore to sign
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "autoheal-lab", "AWS_SECRET_ACCESS_KEY": "autoheal-lab"}
-CLUSTER_TAG = "eks:cluster-name"
-NODEGROUP_TAG = "eks:nodegroup-name"
 INSTANCE_TYPE = "p5.48xlarge"
 IMAGE_ID = "ami-12c6146b"  # one of moto's default images
 START_TIMEOUT = 30.0

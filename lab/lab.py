@@ -21,7 +21,7 @@ import httpx
 from autoheal import proc as kernel
 from autoheal.errors import LabError
 from lab import aws, disk, pool, procs, prom, slurm, watch
-from lab.config import LabConfig, PoolConfig, load_lab
+from lab.config import RUNNER_NAMESPACE, LabConfig, PoolConfig, load_lab
 
 Progress = Callable[[str], None]
 
@@ -229,7 +229,46 @@ def _start_all(cfg: LabConfig, progress: Progress) -> None:
         _step(progress, f"remediation runner ({replicas}{cfg.runner_journal} journal)")
         from lab import runner
 
+        if cfg.aws_pools:  # the spare keeper reads them (lab.runner.aws_settings)
+            declare_pools(cfg)
         runner.start(cfg)
+
+
+def declare_pools(cfg: LabConfig) -> None:
+    """The pools' descriptions as the stack writes them (ConfigMaps autoheal-pool-<name>, key
+    pool.json, in the runner's namespace), for the spare keeper: `pulumi up` does not run in a
+    host lab. Idempotent (an existing one is replaced)."""
+    from autoheal.labels import COMPONENT_LABEL, NODE_POOL_COMPONENT
+    from components.nodepool import GpuNodePoolArgs, describe_pool
+    from lab import controlplane
+
+    ns = RUNNER_NAMESPACE
+    with controlplane.http_client(cfg.kubeconfig, pool=2, timeout=10) as http:
+        r = http.post("/api/v1/namespaces", json={"metadata": {"name": ns}})
+        if r.status_code not in (201, 409):
+            raise LabError(f"pool ConfigMaps: namespace {ns}: {r.status_code} {r.text[:200]}")
+        for p in cfg.pools:
+            args = GpuNodePoolArgs(
+                name=p.name,
+                prefix=p.prefix,
+                size=p.size,
+                spares=p.spares,
+                gpu_model=p.gpu_type,
+                gpus_per_node=p.gpus_per_node,
+                headroom=p.headroom,
+                backend=p.backend,
+            )
+            text = describe_pool(args, p.slurm(), pool.node_labels(p, False))
+            name = f"autoheal-pool-{p.name}"
+            body = {
+                "metadata": {"name": name, "labels": {COMPONENT_LABEL: NODE_POOL_COMPONENT}},
+                "data": {"pool.json": text},
+            }
+            r = http.put(f"/api/v1/namespaces/{ns}/configmaps/{name}", json=body)
+            if r.status_code == 404:
+                r = http.post(f"/api/v1/namespaces/{ns}/configmaps", json=body)
+            if r.status_code not in (200, 201):
+                raise LabError(f"pool ConfigMaps: {ns}/{name}: {r.status_code} {r.text[:200]}")
 
 
 def _start_pods_lab(cfg: LabConfig, progress: Progress) -> None:

@@ -239,7 +239,8 @@ SPARE_KEEPER_INTERVAL_S = 2.0
 def aws_settings(cfg: LabConfig) -> dict[str, Any]:
     """What a runner of a lab with aws pools is configured with beyond the lab's: each pool's
     backend, and the spare keeper, since an instance its group launches joins with the pool's
-    labels only (lab.aws) and the keeper makes it a spare (the pools' ConfigMaps: declare_pools)."""
+    labels only (lab.aws) and the keeper makes it a spare (the pools' ConfigMaps:
+    lab.lab.declare_pools)."""
     return {
         "pool_backends": {p.name: p.backend for p in cfg.pools},
         "spare_keeper": {
@@ -266,43 +267,6 @@ def runner_env(cfg: LabConfig) -> dict[str, str]:
     return env
 
 
-def declare_pools(cfg: LabConfig) -> None:
-    """The pools' descriptions as the stack writes them (ConfigMaps autoheal-pool-<name>, key
-    pool.json, in the runner's namespace), for the spare keeper: `pulumi up` does not run in a
-    host lab. Idempotent (an existing one is replaced)."""
-    from autoheal.labels import COMPONENT_LABEL, NODE_POOL_COMPONENT
-    from components.nodepool import GpuNodePoolArgs, describe_pool
-    from lab import controlplane, pool
-
-    ns = RUNNER_NAMESPACE
-    with controlplane.http_client(cfg.kubeconfig, pool=2, timeout=10) as http:
-        r = http.post("/api/v1/namespaces", json={"metadata": {"name": ns}})
-        if r.status_code not in (201, 409):
-            raise LabError(f"runner: namespace {ns}: {r.status_code} {r.text[:200]}")
-        for p in cfg.pools:
-            args = GpuNodePoolArgs(
-                name=p.name,
-                prefix=p.prefix,
-                size=p.size,
-                spares=p.spares,
-                gpu_model=p.gpu_type,
-                gpus_per_node=p.gpus_per_node,
-                headroom=p.headroom,
-                backend=p.backend,
-            )
-            text = describe_pool(args, p.slurm(), pool.node_labels(p, False))
-            name = f"autoheal-pool-{p.name}"
-            body = {
-                "metadata": {"name": name, "labels": {COMPONENT_LABEL: NODE_POOL_COMPONENT}},
-                "data": {"pool.json": text},
-            }
-            r = http.put(f"/api/v1/namespaces/{ns}/configmaps/{name}", json=body)
-            if r.status_code == 404:
-                r = http.post(f"/api/v1/namespaces/{ns}/configmaps", json=body)
-            if r.status_code not in (200, 201):
-                raise LabError(f"runner: ConfigMap {ns}/{name}: {r.status_code} {r.text[:200]}")
-
-
 def start(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> None:
     """Start the journal's server (postgres) if the lab has one, then every runner replica, each
     waited for until ready; `overrides` go into every replica's config."""
@@ -312,8 +276,6 @@ def start(cfg: LabConfig, overrides: dict[str, Any] | None = None) -> None:
             " Kubernetes control plane (build it with scripts/build-tools.sh, or runner_replicas: 1)"
         )
     dsn = start_postgres(cfg) if cfg.runner_journal == "postgres" else None
-    if cfg.aws_pools:
-        declare_pools(cfg)
     cli = Path(sys.executable).with_name("autoheal")
     for replica, name in enumerate(cfg.runner_services):
         path = write_config(cfg, overrides, replica, dsn)

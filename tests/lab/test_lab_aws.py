@@ -61,7 +61,7 @@ def test_moto_seeded_bridge_and_endpoint(tmp_path: Path) -> None:
         tags = {
             t["Key"]: t["Value"] for t in asg.describe_auto_scaling_groups()["AutoScalingGroups"][0]["Tags"]
         }
-        assert tags[aws.CLUSTER_TAG] == "awsunit" and tags[aws.NODEGROUP_TAG] == "autoheal-h100"
+        assert tags["eks:cluster-name"] == "awsunit" and tags["eks:nodegroup-name"] == "autoheal-h100"
         assert [r[1] for r in aws.pool_rows(cfg)] == [True]
 
         # the pool controller reads the seed, and leaves an aws node to the AWS API

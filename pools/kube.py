@@ -41,8 +41,10 @@ def core_api(kubeconfig: str | None = None) -> Any:
             except config.ConfigException:
                 config.load_kube_config(client_configuration=cfg, persist_config=False)
     except (OSError, config.ConfigException) as exc:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster or ~/.kube/config"
         raise BackendError(
-            f"no Kubernetes access ({exc}): pass --kubeconfig, or run in a pod with a service account"
+            f"no Kubernetes access through {where} ({exc}): pass --kubeconfig, or run in a pod"
+            " with a service account"
         ) from exc
     return client.CoreV1Api(client.ApiClient(cfg))
 

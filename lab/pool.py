@@ -352,33 +352,40 @@ class PoolController:
         their Nodes report a new boot id, as a kubelet does after a boot. In a thread: the API
         answered before the reboot, as AWS does."""
         with self.lock:
-            by_instance = {aws.instance_of(pid): n for n, pid in self.state["instances"].items()}
+            members = {n for names in self.state["members"].values() for n in names}
+            # an instance still booting (its node pending) has nothing to reboot yet
+            by_instance = {
+                aws.instance_of(pid): n for n, pid in self.state["instances"].items() if n in members
+            }
         nodes = [by_instance[i] for i in instances if i in by_instance]
         if nodes:
             threading.Thread(target=self._reboot_nodes, args=(nodes,), daemon=True).start()
 
     def _reboot_nodes(self, nodes: list[str]) -> None:
+        """Each node rebooted (lab.ladder), then a new boot id on its Node; each outcome an event."""
         from lab import controlplane, ladder
 
-        done = ladder.reboot_many(self.cfg, nodes)
-        back = [n for n in nodes if not isinstance(done.get(n), Exception)]
-        boots = aws.new_boot_ids(back)
-        with controlplane.http_client(self.cfg.kubeconfig, pool=4, timeout=10) as http:
-            for n, boot in boots.items():
-                http.patch(
-                    f"/api/v1/nodes/{n}/status",
-                    json={"status": {"nodeInfo": {"bootID": boot}}},
-                    headers={"Content-Type": "application/merge-patch+json"},
-                ).raise_for_status()
+        done: dict[str, Any] = {}
+        try:
+            done = ladder.reboot_many(self.cfg, nodes)
+            with controlplane.http_client(self.cfg.kubeconfig, pool=4, timeout=10) as http:
+                for n, boot in aws.new_boot_ids(
+                    [n for n in nodes if not isinstance(done[n], Exception)]
+                ).items():
+                    http.patch(
+                        f"/api/v1/nodes/{n}/status",
+                        json={"status": {"nodeInfo": {"bootID": boot}}},
+                        headers={"Content-Type": "application/merge-patch+json"},
+                    ).raise_for_status()
+        except Exception as exc:  # a thread's failure is the nodes' event, not a lost traceback
+            done = done | {n: exc for n in nodes if not isinstance(done.get(n), Exception)}
         with self.lock:
             for n in nodes:
-                res = done.get(n)
-                self._event(
-                    "rebooted" if n in boots else "reboot_failed",
-                    n,
-                    "",
-                    error=str(res)[:200] if n not in boots else "",
-                )
+                pool = getattr(self.pool_of(n), "name", "")
+                if isinstance(done.get(n), Exception):
+                    self._event("reboot_failed", n, pool, error=str(done[n])[:200])
+                else:
+                    self._event("rebooted", n, pool)
             self._save()
 
     def run_forever(self, interval: float = 0.5, bridge: aws.Bridge | None = None) -> None:

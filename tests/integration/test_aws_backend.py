@@ -460,14 +460,16 @@ def test_access_denied_names_the_missing_iam_action(iam_moto, cp, tmp_path):
 
 
 def test_the_kube_view_reads_what_backends_need(cloud):
+    cloud.join_group(cloud.group("kv", 1), "kv", "kv")
     api = kube.core_api(str(cloud.kubeconfig))
-    views = kube.read_nodes(api, ["ret-1", "absent"])
+    views = kube.read_nodes(api, ["kv-0", "absent"])
     assert views["absent"] is None
-    v = views["ret-1"]
+    v = views["kv-0"]
     assert (
         v
         and v.ready
-        and v.pool == "ret"
+        and v.unschedulable
+        and v.pool == "kv"
         and v.boot_id == "boot-1"
         and v.provider_id.startswith(f"aws:///{AZ}/i-")
     )

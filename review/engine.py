@@ -75,7 +75,7 @@ def kube_unreachable(kubeconfig: Path) -> str | None:
     try:
         from kubernetes import client, config
 
-        api = config.new_client_from_config(str(kubeconfig))  # type: ignore[no-untyped-call]
+        api = config.new_client_from_config(str(kubeconfig))
         try:
             client.VersionApi(api).get_code(_request_timeout=5)
         finally:

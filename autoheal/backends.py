@@ -19,3 +19,8 @@ def default_backend(cluster: str) -> str:
     """A pool's backend when its declaration names none: the cloud's API on EKS; on a cluster the
     stack only connects to, nobody's (a human replaces the node) until the operator names one."""
     return "aws" if cluster == "eks" else "none"
+
+
+# the cloud cluster whose machines `autoheal pool` may act on (AWS: the EKS cluster's name), as
+# the runner's pod gets it from the stack (components/stack.py) and pools/cli.py reads it
+POOL_CLUSTER_ENV: Final = "AUTOHEAL_POOL_CLUSTER"

@@ -145,6 +145,9 @@ class RemediationRunnerArgs:
     replicas: int = 1
     # on the runner's ServiceAccount (EKS: `eks.amazonaws.com/role-arn`, its IAM role)
     service_account_annotations: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
+    # the cloud's settings for the pool backends the plays call (EKS: AWS_REGION and the
+    # cluster whose instances `autoheal pool` may act on, AUTOHEAL_POOL_CLUSTER)
+    cloud_env: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
 
     def validate(self) -> None:
         problem = replicas_problem(self.journal, self.replicas)
@@ -499,4 +502,5 @@ def _pod_args(args: RemediationRunnerArgs) -> RunnerPodArgs:
         uid=args.slurm.uid if args.slurm is not None else RUN_AS,
         resources=args.resources,
         postgres_password=args.postgres.password if args.journal == "postgres" and args.postgres else None,
+        cloud_env=args.cloud_env,
     )

@@ -81,6 +81,7 @@ class RunnerPodArgs:
     resources: RunnerResources = field(default_factory=RunnerResources)
     uid: int = RUN_AS  # RunnerSlurmArgs.uid with Slurm access
     postgres_password: SecretRef | None = None  # the PostgreSQL journal's password (PGPASSWORD)
+    cloud_env: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # RemediationRunnerArgs
 
 
 def _secure() -> k8s.core.v1.SecurityContextArgs:
@@ -127,6 +128,7 @@ def runner_container(a: RunnerPodArgs) -> k8s.core.v1.ContainerArgs:
                 ),
             )
         )
+    env += [k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in sorted(a.cloud_env.items())]
     if a.slurm:
         mounts += [
             k8sargs.mount("slurm-config", SLURM_DIR, read_only=True),

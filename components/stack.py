@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pulumi
 
+from autoheal.backends import POOL_CLUSTER_ENV
 from components.cluster import EksArgs, KubernetesCluster, KubernetesClusterArgs
 from components.common import SecretRef, Taint
 from components.config import EksSpec, PoolSpec, RunnerPostgresSpec, StackSpec, resolve_path
@@ -53,9 +54,14 @@ def build_stack(
     platform = EksPlatform("eks", platform_args(cfg, cluster, pools), opts=k8s_opts) if cluster.eks else None
     slurm = SlurmCluster("slurm", slurm_args(cfg, pools), opts=k8s_opts)
     args = runner_args(cfg, cluster, rules_yaml, playbooks, slurm)
-    if platform is not None:
+    if platform is not None and cluster.eks is not None and cfg.cluster.eks is not None:
         annotations = {ROLE_ARN_ANNOTATION: platform.runner_role_arn}
-        args = dataclasses.replace(args, service_account_annotations=annotations)
+        # the aws pool backend's scope (pools/aws.py): this cluster's instances, in its region
+        cloud_env: dict[str, pulumi.Input[str]] = {
+            POOL_CLUSTER_ENV: cluster.eks.cluster_name,
+            "AWS_REGION": cfg.cluster.eks.region,
+        }
+        args = dataclasses.replace(args, service_account_annotations=annotations, cloud_env=cloud_env)
     runner = RemediationRunner("runner", args, opts=k8s_opts)
     monitoring = GpuMonitoring("monitoring", monitoring_args(cfg, cluster, runner), opts=k8s_opts)
     stack = Stack(cluster, pools, slurm, runner, monitoring, platform)

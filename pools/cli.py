@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from autoheal.backends import POOL_CLUSTER_ENV
 from autoheal.errors import ValidationError
 from autoheal.names import validate_node_name
 from pools.base import BackendError, NodeResult, PoolBackend, PoolHealth
@@ -37,7 +38,7 @@ ClusterOpt = Annotated[
     str,
     typer.Option(
         "--cluster",
-        envvar="AUTOHEAL_POOL_CLUSTER",
+        envvar=POOL_CLUSTER_ENV,
         help="The cloud cluster the backend may act on (aws: the EKS cluster, tag eks:cluster-name).",
     ),
 ]

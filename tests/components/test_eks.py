@@ -294,6 +294,13 @@ def test_the_runner_assumes_a_role_that_acts_only_on_the_stacks_gpu_nodes(eks):
                 "aws:ResourceTag/eks:cluster-name": cluster.name,
                 "aws:ResourceTag/eks:nodegroup-name": ["autoheal-a100", "autoheal-h100"],  # not system
             }
+    # the aws pool backend in the runner's pod acts on this cluster, in its region (pools/aws.py)
+    env = {
+        e["name"]: e.get("value")
+        for e in pod_spec(eks.one("kubernetes:apps/v1:Deployment", "autoheal-runner"))["containers"][0]["env"]
+    }
+    assert env["AUTOHEAL_POOL_CLUSTER"] == cluster.name
+    assert env["AWS_REGION"] == example_raw()["cluster"]["eks"]["region"]
 
 
 # --- 5. slurmd Guaranteed -----------------------------------------------------------------------

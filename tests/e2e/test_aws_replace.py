@@ -30,7 +30,7 @@ from autoheal.labels import JOINING_REASON, SPARE_LABEL, SPARE_REASON, SPARE_STA
 from lab import aws, controlplane, ladder, runner, slurm
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
-from tests.support import port_base, wait_for
+from tests.support import port_base, processes_pointing_into, wait_for
 
 PORT_BASE = port_base(28300)
 VICTIM = "gpu-1"
@@ -195,6 +195,8 @@ def test_xid79_replaces_the_node_through_aws_and_the_replacement_joins_as_a_spar
         assert tail == sorted(tail), table
     finally:
         labmod.down(cfg)
+    # moto's server, the bridge and its endpoint went with the lab
+    assert not processes_pointing_into(cfg.run_dir, cfg.socket_dir)
 
 
 def _diagnosis(cfg: LabConfig) -> str:

@@ -25,6 +25,7 @@ import httpx
 import yaml
 
 from autoheal import proc as kernel
+from autoheal.backends import POOL_CLUSTER_ENV
 from autoheal.errors import LabError
 from autoheal.paths import data_root
 from lab import procs
@@ -263,7 +264,8 @@ def runner_env(cfg: LabConfig) -> dict[str, str]:
     if cfg.aws_pools:
         from lab import aws
 
-        env.update(aws.client_env(cfg), AUTOHEAL_POOL_CLUSTER=cfg.name)
+        env.update(aws.client_env(cfg))
+        env[POOL_CLUSTER_ENV] = cfg.name
     return env
 
 

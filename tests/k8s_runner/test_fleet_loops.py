@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from autoheal.labels import OPT_OUT_LABEL
+from autoheal.labels import JOINING_REASON, OPT_OUT_LABEL, SPARE_REASON
 from lab.controlplane import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE
 from remediation.cordon_sync import SlurmCli, SyncJournal
 from remediation.notify import SpareShortage
@@ -164,3 +164,61 @@ def test_the_spare_keeper_keeps_a_declared_pools_spares_as_the_runner(
         lab.kubectl(
             "delete", "configmap", "-n", RUNNER_NS, f"autoheal-pool-{POOL}", "--ignore-not-found", check=False
         )
+
+
+def test_the_spare_keeper_drains_and_resumes_in_real_slurm(
+    kube_lab: Lab, runner_identity: Identity, tmp_path: Path
+) -> None:
+    """Two of the lab's nodes join a pool of this test (declaring one spare) drained `autoheal:
+    joining`, as a cloud's bridge registers new capacity: the older becomes the spare (drained with
+    exactly the spare reason in the lab's real Slurm), the other active (resumed). Both are put
+    back as they were afterwards (other tests of this lab use them)."""
+    lab = kube_lab
+    pool, nodes = "kq", ("gpu-3", "gpu-4")
+    lab.kubectl(
+        "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": _pool_rbac()})
+    )
+    cm = _pool_configmap(spares=1)
+    cm["metadata"]["name"] = f"autoheal-pool-{pool}"
+    cm["data"]["pool.json"] = cm["data"]["pool.json"].replace(f'"name": "{POOL}"', f'"name": "{pool}"')
+    slurm = SlurmCli(lab.slurm_conf)
+    keeper = SpareKeeper(
+        KubePools(runner_identity.kubeconfig),
+        slurm,
+        SyncJournal(tmp_path / "spare-keeper.jsonl"),
+        RUNNER_NS,
+        OPT_OUT_LABEL,
+    )
+    try:
+        lab.kubectl("apply", "-f", "-", stdin=json.dumps(cm))
+        lab.slurm(
+            "scontrol", "update", f"nodename={','.join(nodes)}", "state=drain", f"reason={JOINING_REASON}"
+        )
+        lab.kubectl("label", "node", *nodes, f"autoheal.io/pool={pool}", "--overwrite")
+        done = [(a.node, a.verb, a.slurm) for a in keeper.reconcile() if a.pool == pool]
+        assert done == [("gpu-3", "spare", "drain"), ("gpu-4", "active", "resume")]
+        now = slurm.nodes()
+        assert (now["gpu-3"].drained, now["gpu-3"].reason) == (True, SPARE_REASON)
+        assert not now["gpu-4"].drained
+        assert _marks(lab, "gpu-3") == ("spare", "true", True) and _marks(lab, "gpu-4") == (
+            "active",
+            None,
+            False,
+        )
+        assert [a for a in keeper.reconcile() if a.pool == pool] == []
+    finally:
+        lab.kubectl(
+            "delete", "configmap", "-n", RUNNER_NS, f"autoheal-pool-{pool}", "--ignore-not-found", check=False
+        )
+        lab.kubectl(
+            "label",
+            "node",
+            *nodes,
+            "autoheal.io/pool=h100",
+            "autoheal.io/state-",
+            "autoheal.io/spare-",
+            "--overwrite",
+            check=False,
+        )
+        lab.kubectl("taint", "node", "gpu-3", "autoheal.io/spare-", check=False)
+        lab.slurm("scontrol", "update", f"nodename={','.join(nodes)}", "state=resume", check=False)

@@ -227,6 +227,14 @@ def slurm_args(cfg: StackSpec, pools: list[GpuNodePool]) -> SlurmClusterArgs:
     )
 
 
+def _cloud_play_vars(cfg: StackSpec) -> dict[str, object]:
+    """On a cloud, a retire waits for the pool's replacement (a GPU instance boots and joins in
+    minutes): one that does not come within the timeout fails the run once; the node stays fenced."""
+    if cfg.cluster.backend != "eks":
+        return {}
+    return {"autoheal_wait_replacement": True, "autoheal_replacement_timeout": 900}
+
+
 def runner_args(
     cfg: StackSpec,
     cluster: KubernetesCluster,
@@ -248,6 +256,7 @@ def runner_args(
             # each pool's backend, for the runbook's reboot and retire of its nodes
             "pool_backends": {p.name: cfg.backend(p) for p in cfg.pools},
             **rc.settings,
+            "play_vars": {**_cloud_play_vars(cfg), **dict(rc.settings.get("play_vars") or {})},
         },
         dry_run=rc.dry_run,
         journal_size=rc.journal_size,

@@ -193,6 +193,10 @@ def write_config(
         play_vars["autoheal_kubeconfig"] = str(cfg.kubeconfig)
     if cfg.aws_pools:  # the lab's simulator plays DCGM for every pool (KWOK nodes run no Job)
         play_vars["autoheal_validation"] = "lab"
+        # as on EKS: a retire waits for the group's replacement; one that does not come is a
+        # failed run (escalated once, the node stays fenced). The lab's boots take seconds.
+        play_vars["autoheal_wait_replacement"] = True
+        play_vars["autoheal_replacement_timeout"] = AWS_REPLACEMENT_TIMEOUT_S
     pool_size = sum(p.size + p.spares for p in cfg.pools)
     journal: dict[str, str]
     if cfg.runner_journal == "postgres":
@@ -233,6 +237,9 @@ def write_config(
     return path
 
 
+# how long an aws lab's runbook waits for its group's replacement (EKS: 900 s, a GPU instance's
+# boot and join; the lab's bridge takes its provision delay)
+AWS_REPLACEMENT_TIMEOUT_S = 30
 # how often the lab's spare keeper looks (production: 15 s; the lab's scrapes are 1 s too)
 SPARE_KEEPER_INTERVAL_S = 2.0
 

@@ -568,6 +568,9 @@ def test_each_pool_declares_its_backend_and_the_runner_is_told(eks):
         eks.one("kubernetes:core/v1:ConfigMap", "autoheal-runner-config").inputs["data"]["runner.yaml"]
     )
     assert settings["pool_backends"] == dict.fromkeys(pools, "aws")
+    # a retire waits for the group's replacement; one that never comes fails the run once
+    assert settings["play_vars"]["autoheal_wait_replacement"] is True
+    assert settings["play_vars"]["autoheal_replacement_timeout"] == 900
     raw = example_raw()
     raw["pools"] = [{**p, "backend": None} for p in raw["pools"]]
     assert parse_stack_config(raw).backend(parse_stack_config(raw).pools[0]) == "aws"

@@ -14,7 +14,9 @@ after the reboot (a ladder fault), so the ladder climbs to replace:
 
 Checked in moto (the instance terminated, the group's desired capacity unchanged, the new node's
 providerID is the group's new instance), in Slurm, in Kubernetes and in the runner's journal; the
-phase table is printed (pytest -s shows it).
+phase table is printed (pytest -s shows it). Then a second fault whose replacement never becomes a
+node (the pool's headroom is spent): the run waits its replacement timeout, fails once, and the
+node stays fenced.
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ def test_xid79_replaces_the_node_through_aws_and_the_replacement_joins_as_a_spar
         name="aws-e2e",
         root=tmp_path / "labs",
         port_base=PORT_BASE,
-        pools=[PoolConfig(size=2, spares=1, headroom=2, backend="aws")],
+        # one headroom name: the second fault's replacement finds no room (its act below)
+        pools=[PoolConfig(size=2, spares=1, headroom=1, backend="aws")],
         grace_seconds=10,
         provision_delay=1,
     )
@@ -157,7 +160,9 @@ def test_xid79_replaces_the_node_through_aws_and_the_replacement_joins_as_a_spar
         assert aws.instance_of(nodes[NEW_NODE]["spec"]["providerID"]) == new_instance
 
         # the runbook: fenced, spare promoted, job requeued, rebooted through RebootInstances,
-        # validation failed, retired through the AWS API
+        # validation failed, retired through the AWS API (journalled once the play's wait for the
+        # group's replacement returned)
+        wait_for(lambda: "retired" in _timeline(cfg, VICTIM)[1], 60, "the retirement journalled")
         incident, phases = _timeline(cfg, VICTIM)
         for phase in ("fenced", "spare_promoted", "requeued", "rebooted", "retired"):
             assert phases.get(phase, ("missing",))[0] == "ok", (phase, phases)
@@ -193,18 +198,76 @@ def test_xid79_replaces_the_node_through_aws_and_the_replacement_joins_as_a_spar
         assert t["rebooted (RebootInstances)"] < t["instance launched (bridge saw it)"], table
         tail = [ts for _, ts in table[-3:]]
         assert tail == sorted(tail), table
+
+        _replacement_never_comes(cfg, asg, group)
     finally:
         labmod.down(cfg)
     # moto's server, the bridge and its endpoint went with the lab
     assert not processes_pointing_into(cfg.run_dir, cfg.socket_dir)
 
 
-def _diagnosis(cfg: LabConfig) -> str:
+def _replacement_never_comes(cfg: LabConfig, asg: Any, group: str) -> None:
+    """The second fault's replacement never becomes a node (the pool's headroom is spent: the group
+    launches an instance the bridge has no name for): the runbook waits its replacement timeout,
+    the incident fails once with why, and the node stays fenced in Slurm."""
+    second = "gpu-2"
+    # one incident at a time (the lab's budget): the first one's run must be over, or this fault
+    # trips the breaker and waits for a human
+    wait_for(lambda: _closed(cfg, VICTIM), 120, f"{VICTIM}'s incident to close")
+    ladder.faults(cfg, second, health_failures=1)
+    labmod.inject(cfg, second, 0, 79)
+
+    def closed() -> str | None:
+        try:
+            _, phases = _timeline(cfg, second)
+        except IndexError:  # no incident yet: the alert is on its way
+            return None
+        return phases.get("recover_failed", (None,))[0] or phases.get("escalated", (None,))[0]
+
+    try:
+        wait_for(closed, 300, f"{second}'s incident to fail (no replacement)")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_diagnosis(cfg, second)}") from None
+    from remediation.journal import Journal
+
+    j = Journal(runner.journal_path(cfg))
+    try:
+        inc = [i for i in j.incidents() if i.node == second][-1]
+        wait_for(lambda: j.incident(inc.id).state == "failed", 60, "the incident closed failed")
+        inc = j.incident(inc.id)
+        failures = [t for t in j.timeline(inc.id) if t.phase == "recover_failed"]
+    finally:
+        j.close()
+    assert len(failures) == 1, failures  # escalated once
+    assert "retire failed, kept fenced" in failures[0].detail and "replacement" in failures[0].detail, (
+        failures
+    )
+    # the instance is gone (terminated in its group), the group has launched its replacement, and
+    # Slurm keeps the node fenced with the runbook's reason until a human acts
+    assert any(e["event"] == "headroom_exhausted" for e in _pool_events(cfg))
+    assert len(aws.group_state(asg, group).in_service) == 3
+    state, _, reason = (
+        slurm.run(cfg, ["sinfo", "-h", "-N", "-n", second, "-o", "%T|%E"]).strip().partition("|")
+    )
+    assert state.startswith(("drain", "down")) and reason.startswith("autoheal:"), (state, reason)
+
+
+def _closed(cfg: LabConfig, node: str) -> bool:
+    from remediation.journal import Journal
+
+    j = Journal(runner.journal_path(cfg))
+    try:
+        return all(not i.is_open for i in j.incidents() if i.node == node)
+    finally:
+        j.close()
+
+
+def _diagnosis(cfg: LabConfig, node: str = VICTIM) -> str:
     """What the journal, the pool's events and the runner's log say (a failure's context)."""
     from lab import procs
 
     try:
-        incident, phases = _timeline(cfg, VICTIM)
+        incident, phases = _timeline(cfg, node)
     except Exception as exc:
         incident, phases = f"? ({exc})", {}
     events = [(e["event"], e["node"], e.get("error", "")) for e in _pool_events(cfg)]

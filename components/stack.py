@@ -235,6 +235,15 @@ def _cloud_play_vars(cfg: StackSpec) -> dict[str, object]:
     return {"autoheal_wait_replacement": True, "autoheal_replacement_timeout": 900}
 
 
+def _cloud_loops(cfg: StackSpec) -> dict[str, object]:
+    """On a cloud the leader keeps the spares (a node group's new instance comes up as a plain
+    member: nothing else makes it a spare) and deletes dead nodes' Slurm records (an instance
+    gone without its slurmd pod stopping); the stack's runner settings may turn either off."""
+    if cfg.cluster.backend != "eks":
+        return {}
+    return {"spare_keeper": {"enabled": True}, "dead_nodes": {"enabled": True}}
+
+
 def runner_args(
     cfg: StackSpec,
     cluster: KubernetesCluster,
@@ -255,6 +264,7 @@ def runner_args(
             "grace_seconds": cfg.slurm.grace_seconds,
             # each pool's backend, for the runbook's reboot and retire of its nodes
             "pool_backends": {p.name: cfg.backend(p) for p in cfg.pools},
+            **_cloud_loops(cfg),
             **rc.settings,
             "play_vars": {**_cloud_play_vars(cfg), **dict(rc.settings.get("play_vars") or {})},
         },

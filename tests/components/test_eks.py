@@ -571,6 +571,9 @@ def test_each_pool_declares_its_backend_and_the_runner_is_told(eks):
     # a retire waits for the group's replacement; one that never comes fails the run once
     assert settings["play_vars"]["autoheal_wait_replacement"] is True
     assert settings["play_vars"]["autoheal_replacement_timeout"] == 900
+    # nothing else makes a node group's new instance a spare, nor deletes a dead node's record
+    assert settings["spare_keeper"]["enabled"] and settings["dead_nodes"]["enabled"]
+    assert eks.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "autoheal-runner-pools")
     raw = example_raw()
     raw["pools"] = [{**p, "backend": None} for p in raw["pools"]]
     assert parse_stack_config(raw).backend(parse_stack_config(raw).pools[0]) == "aws"

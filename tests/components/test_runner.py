@@ -332,7 +332,9 @@ def test_the_spare_keeper_may_read_the_pool_configmaps_of_its_own_namespace_only
     assert cfg.spare_keeper.enabled and cfg.dead_nodes.enabled
     plain = run_program(lambda: RemediationRunner("r", RemediationRunnerArgs()))
     assert not [
-        r for r in plain.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role") if "pools" in r.k8s_name
+        r
+        for r in plain.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role")
+        if "pools" in (r.k8s_name or "")
     ]
     # the stack's runner settings may turn it on too (autoheal:runner settings.spare_keeper)
     args = RemediationRunnerArgs(settings={"spare_keeper": {"enabled": True, "interval_seconds": 30}})

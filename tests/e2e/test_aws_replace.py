@@ -232,10 +232,14 @@ def _replacement_never_comes(cfg: LabConfig, asg: Any, group: str) -> None:
 
     j = Journal(runner.journal_path(cfg))
     try:
-        inc = [i for i in j.incidents() if i.node == second][-1]
-        wait_for(lambda: j.incident(inc.id).state == "failed", 60, "the incident closed failed")
-        inc = j.incident(inc.id)
-        failures = [t for t in j.timeline(inc.id) if t.phase == "recover_failed"]
+        iid = [i for i in j.incidents() if i.node == second][-1].id
+
+        def failed() -> bool:
+            inc = j.incident(iid)
+            return inc is not None and inc.state == "failed"
+
+        wait_for(failed, 60, "the incident closed failed")
+        failures = [t for t in j.timeline(iid) if t.phase == "recover_failed"]
     finally:
         j.close()
     assert len(failures) == 1, failures  # escalated once

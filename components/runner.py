@@ -84,6 +84,12 @@ RUNNER_LEASE_RULES: tuple[Rule, ...] = ((("coordination.k8s.io",), ("leases",), 
 # the spare keeper (spare_keeper=True), in the runner's own namespace: it lists the pool
 # descriptions (ConfigMaps autoheal-pool-<name>); it marks nodes with the cluster-wide nodes patch
 RUNNER_POOL_RULES: tuple[Rule, ...] = ((("",), ("configmaps",), ("get", "list")),)
+# a pool whose backend is karpenter (pools/karpenter.py): its NodePools read, a retired node's
+# NodeClaim deleted (Karpenter drains and terminates it and launches the replacement)
+RUNNER_KARPENTER_RULES: tuple[Rule, ...] = (
+    (("karpenter.sh",), ("nodepools",), ("get", "list")),
+    (("karpenter.sh",), ("nodeclaims",), ("get", "list", "delete")),
+)
 LEASE_NAME = RUNNER_NAME
 
 
@@ -221,6 +227,11 @@ class RemediationRunner(pulumi.ComponentResource):
     ) -> k8s.meta.v1.ObjectMetaArgs:
         return k8sargs.meta(obj, self._args.namespace, self.labels, annotations)
 
+    def _backend_rules(self) -> tuple[Rule, ...]:
+        """What the pools' backends need of the cluster (runner settings `pool_backends`)."""
+        backends = set((self._args.settings.get("pool_backends") or {}).values())
+        return RUNNER_KARPENTER_RULES if "karpenter" in backends else ()
+
     def _identity(self) -> pulumi.Output[str]:
         """A ServiceAccount with RUNNER_RBAC_RULES cluster-wide and RUNNER_EVENT_RULES in the
         event namespace, nothing more."""
@@ -237,7 +248,7 @@ class RemediationRunner(pulumi.ComponentResource):
         self.cluster_role = k8s.rbac.v1.ClusterRole(
             f"{self._name}-role",
             metadata=k8sargs.meta(RUNNER_NAME, None, self.labels),
-            rules=_policy_rules(RUNNER_RBAC_RULES),
+            rules=_policy_rules(RUNNER_RBAC_RULES + self._backend_rules()),
             opts=child(self),
         )
         k8s.rbac.v1.ClusterRoleBinding(

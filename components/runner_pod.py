@@ -92,13 +92,7 @@ def _secure() -> k8s.core.v1.SecurityContextArgs:
     )
 
 
-def runner_container(a: RunnerPodArgs) -> k8s.core.v1.ContainerArgs:
-    mounts = [
-        k8sargs.mount("token", a.token_dir, read_only=True),
-        k8sargs.mount("config", a.config_dir, read_only=True),
-        k8sargs.mount("journal", a.journal_dir),
-        k8sargs.mount("scratch", SCRATCH_DIR),
-    ]
+def _env(a: RunnerPodArgs) -> list[k8s.core.v1.EnvVarArgs]:
     env = [
         k8sargs.env("AUTOHEAL_TOKEN_FILE", f"{a.token_dir}/{a.token_key}"),
         k8sargs.env("AUTOHEAL_DRY_RUN", str(a.dry_run).lower()),
@@ -129,6 +123,17 @@ def runner_container(a: RunnerPodArgs) -> k8s.core.v1.ContainerArgs:
             )
         )
     env += [k8s.core.v1.EnvVarArgs(name=k, value=v) for k, v in sorted(a.cloud_env.items())]
+    return env
+
+
+def runner_container(a: RunnerPodArgs) -> k8s.core.v1.ContainerArgs:
+    mounts = [
+        k8sargs.mount("token", a.token_dir, read_only=True),
+        k8sargs.mount("config", a.config_dir, read_only=True),
+        k8sargs.mount("journal", a.journal_dir),
+        k8sargs.mount("scratch", SCRATCH_DIR),
+    ]
+    env = _env(a)
     if a.slurm:
         mounts += [
             k8sargs.mount("slurm-config", SLURM_DIR, read_only=True),

@@ -123,9 +123,21 @@ class RealKube:
         self._pool_cache: dict[str, tuple[float, dict[str, str]]] = {}
         self._lock = threading.Lock()
 
-    def _list(self, what: str, call: Any, **params: Any) -> list[dict[str, Any]]:
+    def _list(
+        self, what: str, path: str, accept: str = "application/json", **query: str
+    ) -> list[dict[str, Any]]:
+        """GET a list as plain JSON (no model objects), with our own Accept header (the generated
+        list_* methods overwrite it)."""
         try:
-            resp = call(_preload_content=False, _request_timeout=self._timeout, **params)
+            resp = self._core.api_client.call_api(
+                path,
+                "GET",
+                query_params=list(query.items()),
+                header_params={"Accept": accept},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
             data = json.loads(resp.data)
         except Exception as exc:
             raise KubeError(f"cannot list {what}: {exc}") from exc
@@ -133,13 +145,8 @@ class RealKube:
         return [i for i in items or [] if isinstance(i, dict)]
 
     def _node_metadata(self, selector: str, **fields: str) -> dict[str, dict[str, str]]:
-        items = self._list(
-            f"nodes with label {selector}",
-            self._core.list_node_with_http_info,
-            label_selector=selector,
-            _headers={"Accept": METADATA_ONLY},
-            **fields,
-        )
+        what = f"nodes with label {selector}"
+        items = self._list(what, "/api/v1/nodes", METADATA_ONLY, labelSelector=selector, **fields)
         out = {}
         for item in items:
             meta = item.get("metadata") or {}
@@ -151,11 +158,7 @@ class RealKube:
         return self._node_metadata(label)
 
     def nodes_with_labelled_pods(self, label: str) -> set[str]:
-        items = self._list(
-            f"pods with label {label}",
-            self._core.list_pod_for_all_namespaces_with_http_info,
-            label_selector=label,
-        )
+        items = self._list(f"pods with label {label}", "/api/v1/pods", labelSelector=label)
         return {
             str(p["spec"]["nodeName"])
             for p in items
@@ -176,7 +179,7 @@ class RealKube:
 
     def uncordoned(self, selector: str) -> set[str]:
         # one small list: only nodes still labelled quarantined whose cordon was lifted
-        return set(self._node_metadata(selector, field_selector="spec.unschedulable=false"))
+        return set(self._node_metadata(selector, fieldSelector="spec.unschedulable=false"))
 
 
 def make_kube(kubeconfig: Path | None, pool_cache_seconds: float = 60.0) -> KubeView:

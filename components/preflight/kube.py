@@ -73,21 +73,25 @@ class Kube:
         import urllib3
         from kubernetes.client.exceptions import ApiException
 
-        params = self._api.param_serialize(
-            "GET",
-            path,
-            query_params=list((query or {}).items()),
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
         try:
-            resp = self._api.call_api(*params, _request_timeout=self._timeout)
-            body = resp.read()
+            resp = self._api.call_api(
+                path,
+                "GET",
+                query_params=list((query or {}).items()),
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+            body = resp.data
         except urllib3.exceptions.MaxRetryError as exc:
             raise Unreachable(_cause(exc.reason or exc)) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise Unreachable(_cause(exc)) from None
-        except ApiException as exc:  # the client reports TLS failures this way (status 0)
+        except ApiException as exc:
+            if exc.status:  # an answer: 403, 404... (the caller says what it means)
+                return int(exc.status), None
+            # no answer: the client reports TLS failures this way (status 0)
             raise Unreachable(" ".join(str(exc.reason).split())[:300]) from None
         if resp.status != 200:
             return resp.status, None

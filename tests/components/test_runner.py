@@ -340,3 +340,22 @@ def test_the_spare_keeper_may_read_the_pool_configmaps_of_its_own_namespace_only
     args = RemediationRunnerArgs(settings={"spare_keeper": {"enabled": True, "interval_seconds": 30}})
     by_settings = run_program(lambda: RemediationRunner("r", args))
     assert by_settings.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "autoheal-runner-pools")
+
+
+def test_a_karpenter_pool_gives_the_runner_its_nodeclaims_and_no_more():
+    """The karpenter backend deletes a retired node's NodeClaim and reads NodePools; the runner is
+    granted that only when a pool names the backend."""
+    args = RemediationRunnerArgs(settings={"pool_backends": {"h100": "karpenter", "a100": "aws"}})
+    granted = _granted(run_program(lambda: RemediationRunner("r", args)).one(CLUSTER_ROLE, "autoheal-runner"))
+    assert {g for g in granted if g[0] == "karpenter.sh"} == {
+        ("karpenter.sh", "nodepools", "get"),
+        ("karpenter.sh", "nodepools", "list"),
+        ("karpenter.sh", "nodeclaims", "get"),
+        ("karpenter.sh", "nodeclaims", "list"),
+        ("karpenter.sh", "nodeclaims", "delete"),
+    }
+    plain = RemediationRunnerArgs(settings={"pool_backends": {"h100": "aws"}})
+    granted = _granted(
+        run_program(lambda: RemediationRunner("r", plain)).one(CLUSTER_ROLE, "autoheal-runner")
+    )
+    assert not [g for g in granted if g[0] == "karpenter.sh"]

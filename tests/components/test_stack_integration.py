@@ -215,12 +215,15 @@ def test_adding_a_pool_adds_exactly_that_pools_resources(
         ("kubernetes:apps/v1:DaemonSet", "slurm-slurmd-a100"),
     }
     # The generated Slurm config gains the pool's NodeSet; the controller and login roll with it,
-    # and the runner's copy of it (its Slurm client reads the file at each call) follows.
+    # and the runner's copy of it (its Slurm client reads the file at each call) follows. The
+    # runner's config names the new pool's backend (pool_backends): it rolls with its config.
     assert others <= {
         ("update", "kubernetes:core/v1:ConfigMap", "slurm-config"),
         ("update", "kubernetes:core/v1:ConfigMap", "runner-slurm"),
         ("update", "kubernetes:apps/v1:StatefulSet", "slurm-slurmctld"),
         ("update", "kubernetes:apps/v1:Deployment", "slurm-login"),
+        ("update", "kubernetes:core/v1:ConfigMap", "runner-config"),
+        ("update", "kubernetes:apps/v1:Deployment", "runner-deployment"),
     }
     assert ("update", "kubernetes:core/v1:ConfigMap", "slurm-config") in others
     pulumi("up", "--yes", "--skip-preview")

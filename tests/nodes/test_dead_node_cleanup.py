@@ -2,7 +2,8 @@
 
 A lab of two real GPU nodes; `pulumi up` brings slurmctld and a slurmd pod per node, each a
 dynamic Slurm node (`slurmd -Z`); MaxNodeCount is the pool's size (no headroom), so one dead
-record is enough to stop a replacement from registering. A 2-node job runs on both. Then gpu-1
+record is enough to stop a replacement from registering. A 2-node job runs on both. Then one of
+them (gpu-1 below; gpu-2 when the scheduler put slurmctld's pod on gpu-1, which the test reads)
 dies as an instance does: kill -9 of its kubelet and containerd, then of what is left of the
 machine (the container shims and the slurmd they run, all in the node's own cgroup: the lab's
 own processes, by PID), and its Node is deleted. The dead-node loop (remediation/dead_nodes.py,
@@ -78,6 +79,16 @@ def _job(slurm: PodSlurm, job: str) -> tuple[str, str]:
     return fields.get("JobState", ""), fields.get("NodeList", "")
 
 
+# where the job runs again: on the survivor and the replacement gpu-3
+RESUMED_ON = {"gpu-1": "gpu-[2-3]", "gpu-2": "gpu-[1,3]"}
+
+
+def _slurmctld_node(cfg: LabConfig) -> str:
+    with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
+        pod = http.get("/api/v1/namespaces/slurm/pods/slurmctld-0").json()
+    return str(pod["spec"]["nodeName"])
+
+
 def _kill_machine(cfg: LabConfig, node: str) -> list[int]:
     """kill -9 of the node's kubelet and containerd, then of everything else in its cgroup (the
     shims, slurmd and the job's processes): a machine gone, not a shutdown. The lab's own
@@ -117,6 +128,7 @@ def test_a_dead_nodes_slurm_record_is_deleted_once_its_job_is_requeued(tmp_path:
         watchers=False,
     )
     reaper: DeadNodes | None = None
+    victim = "gpu-1"
     try:
         t0 = time.monotonic()
         labmod.up(cfg)
@@ -134,57 +146,60 @@ def test_a_dead_nodes_slurm_record_is_deleted_once_its_job_is_requeued(tmp_path:
         wait_for(lambda: _job(slurm, job)[0] == "RUNNING", 60, f"job {job} running")
         assert _job(slurm, job)[1] == "gpu-[1-2]"
 
+        # the machine that dies is not the one slurmctld's pod runs on (the test reads Slurm there;
+        # the scheduler may have put it on either node)
+        victim = next(n for n in ("gpu-1", "gpu-2") if n != _slurmctld_node(cfg))
         journal = SyncJournal(tmp_path / "dead-nodes.jsonl")
         deleted: list[str] = []
         reaper = DeadNodes(
             KubeNodes(cfg.kubeconfig), slurm, journal, grace=GRACE, interval=2, deleted=deleted.append
         )
-        assert [v for v in reaper.reconcile() if v.node == "gpu-1"] == []  # alive: nothing to say
+        assert [v for v in reaper.reconcile() if v.node == victim] == []  # alive: nothing to say
         reaper.start()
 
         t1, wall1 = time.monotonic(), time.time()
-        killed = _kill_machine(cfg, "gpu-1")
+        killed = _kill_machine(cfg, victim)
         with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
-            assert http.delete("/api/v1/nodes/gpu-1").status_code == 200
-        print(f"[dead nodes] gpu-1 killed ({len(killed)} processes, kill -9) and its Node deleted")
+            assert http.delete(f"/api/v1/nodes/{victim}").status_code == 200
+        print(f"[dead nodes] {victim} killed ({len(killed)} processes, kill -9) and its Node deleted")
 
-        # past the grace, slurmctld still has the job on gpu-1 (it has not noticed the loss yet):
+        # past the grace, slurmctld still has the job on the victim (it has not noticed the loss yet):
         # the record stays
-        wait_for(lambda: reaper._waiting.get("gpu-1") == "jobs", 60, "the loop to wait for gpu-1's job")
-        assert "gpu-1" in slurm.nodes() and not deleted
+        wait_for(lambda: reaper._waiting.get(victim) == "jobs", 60, f"the loop to wait for {victim}'s job")
+        assert victim in slurm.nodes() and not deleted
         t_wait = time.monotonic() - t1
 
         # the replacement starts meanwhile; it can only register once the dead record is gone
         cluster.add(cfg.run_dir, "gpu-3", node_labels(cfg.pools[0], False), node_taints(False), 4)
 
-        wait_for(lambda: deleted == ["gpu-1"], 180, "gpu-1's record deleted")
-        assert "gpu-1" not in slurm.nodes()
+        wait_for(lambda: deleted == [victim], 180, f"{victim}'s record deleted")
+        assert victim not in slurm.nodes()
         state, nodes = _job(slurm, job)
-        assert "gpu-1" not in nodes or state == "PENDING", (state, nodes)
+        assert victim not in nodes or state == "PENDING", (state, nodes)
         rows = [json.loads(x) for x in journal.path.read_text().splitlines()]
-        assert [(r["node"], r["action"]) for r in rows] == [("gpu-1", "delete")]
+        assert [(r["node"], r["action"]) for r in rows] == [(victim, "delete")]
         t_deleted = rows[0]["ts"] - wall1
 
         wait_for(lambda: "gpu-3" in slurm.nodes(), 240, "the replacement gpu-3 registered in Slurm")
         t_joined = time.monotonic() - t1
-        wait_for(lambda: _job(slurm, job) == ("RUNNING", "gpu-[2-3]"), 120, f"job {job} running again")
+        wait_for(lambda: _job(slurm, job) == ("RUNNING", RESUMED_ON[victim]), 120, f"job {job} running again")
         t_resumed = time.monotonic() - t1
-        assert sorted(slurm.nodes()) == ["gpu-2", "gpu-3"]
+        assert sorted(slurm.nodes()) == sorted({"gpu-1", "gpu-2", "gpu-3"} - {victim})
         assert int(_fields(slurm, job)["Restarts"]) >= 1  # slurmctld requeued it, nobody else did
         print(
             f"[dead nodes] after the kill, s: the loop waits on the job {t_wait:.1f} ({rows[0]['why']}),"
             f" record deleted {t_deleted:.1f}, replacement registered {t_joined:.1f}, job running again {t_resumed:.1f}"
         )
 
-        # static slurm.conf nodes (the lab's host Slurm) are never deleted: no Node gpu-1 either
+        # static slurm.conf nodes (the lab's host Slurm) are never deleted: no Node of the victim either
         host = SlurmCli(cfg.slurm_conf)
         static = DeadNodes(KubeNodes(cfg.kubeconfig), host, SyncJournal(tmp_path / "static.jsonl"), grace=0)
-        assert not host.nodes()["gpu-1"].dynamic
+        assert not host.nodes()[victim].dynamic
         assert [v for v in static.reconcile() if v.verb == "delete"] == []
         static.reconcile()
-        assert "gpu-1" in host.nodes() and not (tmp_path / "static.jsonl").exists()
+        assert victim in host.nodes() and not (tmp_path / "static.jsonl").exists()
     finally:
         if reaper is not None:
             reaper.stop()
-        cluster.remove(cfg.run_dir, "gpu-1")
+        cluster.remove(cfg.run_dir, victim)
         labmod.down(cfg)

@@ -33,9 +33,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from autoheal.backoff import Backoff
 from remediation.cordon_sync import KubeNodes, Slurm, SlurmNode, SyncJournal
+from remediation.fleetloop import LeaderLoop
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +96,11 @@ def implausible(slurm: Mapping[str, SlurmNode], kube: Iterable[str]) -> str | No
 
 
 @dataclass
-class DeadNodes:
+class DeadNodes(LeaderLoop):
     """Every `interval` seconds while `leading()`: compare Slurm's nodes with Kubernetes', delete
     the dead dynamic ones."""
 
+    name: ClassVar[str] = "dead nodes"
     kube: KubeNodes
     slurm: Slurm
     journal: SyncJournal
@@ -143,26 +145,5 @@ class DeadNodes:
         log.warning("dead nodes: deleted Slurm node %s (%s)", v.node, v.why)
         self.journal.record({"ts": self.wall(), "node": v.node, "action": "delete", "why": v.why})
 
-    def _loop(self) -> None:
-        retry = Backoff(base=1.0, cap=max(self.interval, 1.0), jitter=0.0, stop=self._stop)
-        while not self._stop.is_set():
-            pause = self.interval
-            if self.leading():
-                try:
-                    self.reconcile()
-                    self.last_error = None
-                    retry.succeeded()
-                except Exception as exc:  # the loop outlives a broken API server or slurmctld
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    pause = retry.failed()
-                    log.warning("dead nodes: %s (retrying in %.0f s)", self.last_error, pause)
-            else:
-                self.missing_since.clear()  # a follower's timers would be stale when it leads
-            retry.wait(pause)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="dead-nodes", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
+    def following(self) -> None:
+        self.missing_since.clear()  # a follower's timers would be stale when it leads

@@ -43,9 +43,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from autoheal.backoff import Backoff
 from autoheal.labels import (
     ACTIVE_STATE,
     COMPONENT_LABEL,
@@ -62,6 +61,7 @@ from autoheal.labels import (
 )
 from remediation.cordon_sync import KubeNode, KubeNodes, Slurm, SlurmNode, SyncJournal
 from remediation.errors import RunnerConfigError
+from remediation.fleetloop import LeaderLoop
 from remediation.kubeview import label_is_set
 
 log = logging.getLogger(__name__)
@@ -233,9 +233,10 @@ class KubePools(KubeNodes):
 
 
 @dataclass
-class SpareKeeper:
+class SpareKeeper(LeaderLoop):
     """Every `interval` seconds while `leading()`: read pools, Nodes and Slurm; act; report."""
 
+    name: ClassVar[str] = "spare keeper"
     kube: KubePools
     slurm: Slurm
     journal: SyncJournal
@@ -279,28 +280,6 @@ class SpareKeeper:
         )
         entry: dict[str, Any] = {"ts": self.clock(), "node": a.node, "pool": a.pool, "action": a.verb}
         self.journal.record({**entry, "slurm": a.slurm, "kube": a.kube, "why": a.why})
-
-    def _loop(self) -> None:
-        retry = Backoff(base=1.0, cap=max(self.interval, 1.0), jitter=0.0, stop=self._stop)
-        while not self._stop.is_set():
-            pause = self.interval
-            if self.leading():
-                try:
-                    self.reconcile()
-                    self.last_error = None
-                    retry.succeeded()
-                except Exception as exc:  # the loop outlives a broken API server or slurmctld
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    pause = retry.failed()
-                    log.warning("spare keeper: %s (retrying in %.0f s)", self.last_error, pause)
-            retry.wait(pause)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="spare-keeper", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 def default_namespace(configured: str) -> str:

@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from autoheal.backoff import Backoff
 from autoheal.errors import LabError
 from autoheal.labels import GPU_RESOURCE
 from lab import procs
@@ -795,13 +796,16 @@ def http_client(kubeconfig: Path, pool: int = 16, timeout: float = 30.0) -> http
 
 def create_nodes(kubeconfig: Path, nodes: Sequence[KubeNodeSpec], workers: int = 16) -> None:
     """Create KWOK nodes concurrently; nodes that already exist are kept as they are."""
+    # A handshake with an API server that has just started, on a loaded machine, once failed
+    # with a TLS decode alert: a transport error is tried again (a repeat answers 409, kept).
+    retry = Backoff(0.2, 2.0, tries=5)
     with http_client(kubeconfig, pool=workers) as http:
 
         def create(spec: KubeNodeSpec) -> None:
-            r = http.post(
-                "/api/v1/nodes",
-                content=json.dumps(node_manifest(spec)),
-                headers={"Content-Type": "application/json"},
+            body, headers = json.dumps(node_manifest(spec)), {"Content-Type": "application/json"}
+            r = retry.call(
+                lambda: http.post("/api/v1/nodes", content=body, headers=headers),
+                retry_on=(httpx.TransportError,),
             )
             if r.status_code not in (200, 201, 409):
                 raise ControlPlaneError(

@@ -43,6 +43,13 @@ TOKEN_SECRET_ANNOTATION: Final = f"{DOMAIN}/token-secret"
 # On a device plugin's DaemonSet: the extended resource its pods advertise on the nodes they run on
 # (lab.schedulable gives a node that resource only where such a pod was scheduled).
 ADVERTISES_ANNOTATION: Final = f"{DOMAIN}/advertises"
+# On the Jobs autoheal.cluster.node_job runs on a node (GPU reset, diagnostics, evidence): what for,
+# which node (a label value: cut and hashed past 63 characters), and the hash of node + incident
+# that ends the Job's name; the whole node name and the incident as annotations.
+JOB_PURPOSE_LABEL: Final = f"{DOMAIN}/job-purpose"
+JOB_NODE_LABEL: Final = f"{DOMAIN}/job-node"
+JOB_KEY_LABEL: Final = f"{DOMAIN}/job-key"
+NODE_ANNOTATION: Final = f"{DOMAIN}/node"
 
 # --- the objects the Pulumi components declare (the policy pack and the review read them) ------
 # Kubernetes' recommended labels, on every object of ours; COMPONENT_LABEL tells the policy pack

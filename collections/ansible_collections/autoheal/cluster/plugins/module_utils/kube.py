@@ -275,11 +275,30 @@ class Kube:
         content_type: str = "application/json",
         query: dict[str, Any] | None = None,
     ) -> Obj:
+        raw = self.raw(method, path, body, content_type, query)
+        out: Obj = json.loads(raw) if raw else {}
+        return out
+
+    def text(self, path: str, query: dict[str, Any] | None = None) -> str:
+        """A GET whose answer is text, not JSON (a pod's log)."""
+        return self.raw("GET", path, query=query, accept="text/plain, */*").decode("utf-8", "replace")
+
+    def raw(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: dict[str, Any] | None = None,
+        accept: str | None = None,
+    ) -> bytes:
         target = self.base + path
         if query:
             target += "?" + "&".join(f"{k}={quote(str(v), safe='')}" for k, v in query.items())
         data = None
         headers = dict(self.headers)
+        if accept:
+            headers["Accept"] = accept
         if body is not None:
             data = json.dumps(body).encode("utf-8")
             headers["Content-Type"] = content_type
@@ -303,8 +322,7 @@ class Kube:
                 f"{exc.message} (the API server did not answer; tried {self.api_retries + 1} time(s)"
                 f" over api_wait={self.api_wait:g}s; raise api_wait to ride out a longer outage)",
             ) from exc
-        out: Obj = json.loads(raw) if raw else {}
-        return out
+        return raw
 
     def get_node(self, name: str, cached: bool = False) -> Obj | None:
         """The node, or None. cached=True reads the apiserver's watch cache (resourceVersion=0),

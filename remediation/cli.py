@@ -1,5 +1,5 @@
 """The on-call command line: `autoheal serve | incidents | incident show | pause | resume |
-breaker | cancel | run`. Every listing has `--json` for scripts; tables never render alert text as
+breaker | cancel | run | dashboard`. Every listing has `--json` for scripts; tables never render alert text as
 markup. `register(app)` adds the commands to the root `autoheal` typer app.
 """
 
@@ -104,12 +104,23 @@ def incidents(
     bad = [s for s in state or [] if s not in STATES]
     if bad:
         raise _fail(f"unknown state(s) {bad}; choose from {list(STATES)}")
+    from remediation.cost import incident_cost
     from remediation.policy import BACKEND_VAR
 
-    rows = _journal(config).incidents(state or None, limit=limit)
+    journal = _journal(config)
+    rows = journal.incidents(state or None, limit=limit)
     default_backend = str(_config(config).play_vars.get(BACKEND_VAR) or "")
     if as_json:
-        _print_json([{**r.as_dict(), "backend": _backend(r, default_backend)} for r in rows])
+        _print_json(
+            [
+                {
+                    **r.as_dict(),
+                    "backend": _backend(r, default_backend),
+                    "cost": incident_cost(journal.timeline(r.id)),
+                }
+                for r in rows
+            ]
+        )
         return
     table = Table(title="autoheal incidents")
     for col in ("id", "node", "xid", "gpu", "tier", "state", "backend", "opened (UTC)", "alerts", "reason"):
@@ -158,6 +169,8 @@ def incident_show(
     inc = journal.incident(incident_id)
     if inc is None:
         raise _fail(f"no incident {incident_id!r}")
+    from remediation.cost import costs_from, incident_cost
+
     timeline = journal.timeline(inc.id)
     runs = journal.runs_of(inc.id)
     if as_json:
@@ -166,6 +179,7 @@ def incident_show(
                 "incident": inc.as_dict(),
                 "timeline": [t.as_dict() for t in timeline],
                 "runs": [r.as_dict() for r in runs],
+                "cost": incident_cost(timeline),
             }
         )
         return
@@ -192,6 +206,11 @@ def incident_show(
             )
         )
     console.print(table)
+    costs = costs_from(timeline)
+    for c in costs:
+        console.print(Text(f"cost: {c.line()}"))
+    if costs:
+        console.print(Text(f"cost: {sum(c.gpu_hours for c in costs):.4f} GPU-hours lost in all"))
     for r in runs:
         console.print(
             Text(
@@ -336,6 +355,20 @@ def leader(config: ConfigOpt = DEFAULT_CONFIG, as_json: JsonOpt = False) -> None
     typer.echo(f"leader {record['holder']} (term {record['term']}) since {_ts(record.get('since'))}")
 
 
+def dashboard(
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write here (default: stdout).")] = None,
+) -> None:
+    """Render the runner's Grafana dashboard (built as code: remediation/dashboard.py) to JSON."""
+    from remediation.dashboard import render
+
+    text = render()
+    if out is None:
+        sys.stdout.write(text)
+        return
+    out.write_text(text)
+    typer.echo(f"wrote {out}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the runner's commands to the root `autoheal` app."""
     app.command()(serve)
@@ -347,6 +380,7 @@ def register(app: typer.Typer) -> None:
     app.command()(cancel)
     app.command()(run)
     app.command()(leader)
+    app.command()(dashboard)
 
 
 def main() -> None:

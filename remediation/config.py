@@ -132,6 +132,47 @@ class DeadNodeSettings(BaseModel):
     journal_path: Path | None = Field(default=None, description="default: <state_dir>/dead-nodes.jsonl")
 
 
+class OwnerSettings(BaseModel):
+    """Telling job owners what happened to their jobs, and costing each fault (remediation/owners.py,
+    remediation/owner_loop.py): leader only, off unless a sink is set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sink: NotifySink | None = Field(
+        default=None, description="where owner messages go (webhook: JSON with `to`; slack: `channel`)"
+    )
+    directory: Path | None = Field(
+        default=None, description="YAML: Slurm user -> {email: ...} or {slack: U...}; relative to this file"
+    )
+    mail_user: bool = Field(default=True, description="else the job's Slurm MailUser (sbatch --mail-user)")
+    interval_seconds: float = Field(default=5.0, ge=0.2, le=300)
+    quiet_seconds: float = Field(
+        default=3.0, ge=0, le=600, description="a storm's batch: an owner's news is held while more comes"
+    )
+    max_hold_seconds: float = Field(default=60.0, ge=0, le=3600, description="...but no longer than this")
+    first_step_wait_seconds: float = Field(
+        default=120.0, ge=0, le=3600, description="how long a resumed job's first step is waited for"
+    )
+    lookback_seconds: float = Field(
+        default=2 * 86400.0, gt=0, description="incidents this recent are looked at"
+    )
+    cost_window_seconds: float = Field(
+        default=86400.0, gt=0, description="effective training time is over this window"
+    )
+    progress_roots: tuple[Path, ...] = Field(
+        default=(), description="where a job's progress file (its comment: progress=PATH) may be read"
+    )
+
+    @field_validator("progress_roots", "directory")
+    @classmethod
+    def _absolute(cls, value: Any) -> Any:
+        paths = value if isinstance(value, tuple) else (value,)
+        bad = [str(p) for p in paths if p is not None and not Path(p).is_absolute()]
+        if bad:
+            raise ValueError(f"must be absolute paths (or relative to the config file); got {bad}")
+        return value
+
+
 class RunnerConfig(BaseModel):
     """Everything `autoheal serve` needs; see config/runner.yaml for a commented example."""
 
@@ -205,6 +246,7 @@ class RunnerConfig(BaseModel):
     cordon_sync: CordonSyncSettings = CordonSyncSettings()
     spare_keeper: SpareKeeperSettings = SpareKeeperSettings()
     dead_nodes: DeadNodeSettings = DeadNodeSettings()
+    owners: OwnerSettings = OwnerSettings()
     leader_election: LeaderElection = LeaderElection()
     play_vars: dict[str, Any] = Field(
         default_factory=dict,
@@ -291,6 +333,15 @@ def parse_config(data: Any, origin: str, base: Path, env: dict[str, str] | None 
         if merged.get(key) is not None:
             p = Path(str(merged[key])).expanduser()
             merged[key] = p if p.is_absolute() else (base / p).resolve()
+    if isinstance(merged.get("owners"), dict):
+        owners = merged["owners"] = dict(merged["owners"])
+        if isinstance(owners.get("directory"), str):
+            owners["directory"] = (base / Path(owners["directory"]).expanduser()).resolve()
+        if isinstance(owners.get("progress_roots"), list):
+            owners["progress_roots"] = [
+                (base / Path(r).expanduser()).resolve() if isinstance(r, str) else r
+                for r in owners["progress_roots"]
+            ]
     if isinstance(merged.get("play_vars"), dict):
         # the plays read relative paths from their own working directory, which is not this file's
         merged["play_vars"] = {

@@ -126,6 +126,40 @@ class Metrics:
             registry=r,
         )
 
+        # what faults cost (remediation/cost.py, remediation/owner_loop.py) and the incidents by class
+        self.gpu_hours_lost = Counter(
+            "autoheal_gpu_hours_lost_total",
+            "GPU-hours faults cost training jobs: GPUs x (fault -> first step after resume) + the work"
+            " recomputed since the checkpoint they resumed from.",
+            ["pool", "fault_class"],
+            registry=r,
+        )
+        self.job_resumed = Histogram(
+            "autoheal_job_resume_seconds",
+            "Time from a fault to its job's first step after the resume.",
+            buckets=PHASE_BUCKETS,
+            registry=r,
+        )
+        self.effective_training = Gauge(
+            "autoheal_effective_training_ratio",
+            "Effective training time of each pool over the cost window:"
+            " 1 - GPU-hours lost / (GPUs x window).",
+            ["pool"],
+            registry=r,
+        )
+        self.owner_notices = Counter(
+            "autoheal_owner_notices_total",
+            "Job owners' notices (hit, resumed, waiting) by outcome (sent, refused, on_call, failed).",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.incidents_by_state = Gauge(
+            "autoheal_incidents_recent",
+            "Recent incidents (the journal's newest 1000) by state and fault class.",
+            ["state", "fault_class"],
+            registry=r,
+        )
+
     def count_illegal(self, incident_id: str, current: IncidentState, new: IncidentState) -> None:
         """The journal's hook for a refused transition (remediation/states.py)."""
         del incident_id  # logged by the journal; an id per label value would grow without bound
@@ -141,6 +175,12 @@ class Metrics:
         breaker = journal.setting(BREAKER_KEY) or {}
         self.breaker_open.set(1 if isinstance(breaker, dict) and breaker.get("open") else 0)
         self.paused.set(1 if journal.setting(PAUSE_KEY, False) else 0)
+        by_class: dict[tuple[str, str], int] = {}
+        for inc in journal.incidents():
+            by_class[(inc.state, inc.fault_class)] = by_class.get((inc.state, inc.fault_class), 0) + 1
+        self.incidents_by_state.clear()  # a state no incident is in any more goes, not kept at its old count
+        for (state, fault_class), n in by_class.items():
+            self.incidents_by_state.labels(state=state, fault_class=fault_class).set(n)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -98,8 +98,13 @@ class Notifier:
 
     def _deliver(self, client: httpx.Client, sink: NotifySink, body: dict[str, Any]) -> None:
         payload = {"text": slack_text(body)} if sink.kind == "slack" else body
+        self.post(client, sink, payload)
 
-        def post() -> httpx.Response:
+    def post(self, client: httpx.Client, sink: NotifySink, payload: dict[str, Any]) -> str:
+        """One payload to one sink through the retry stage, in the caller's thread (the owner loop
+        sends its own messages so): "sent", "refused" (4xx: final) or "failed" (tried out)."""
+
+        def once() -> httpx.Response:
             resp = client.post(str(sink.url), json=payload, timeout=sink.timeout_seconds)
             if resp.status_code >= 500 or resp.status_code == 429:
                 raise SinkBusy(f"HTTP {resp.status_code}")
@@ -109,12 +114,14 @@ class Notifier:
         # needed); no wait after the last try, and stop() ends a wait
         retry = Backoff(self.backoff, math.inf, jitter=0.0, tries=sink.retries + 1, stop=self._stop)
         try:
-            resp = retry.call(post, (httpx.HTTPError, SinkBusy), lambda exc, _pause: self._warn(sink, exc))
+            resp = retry.call(once, (httpx.HTTPError, SinkBusy), lambda exc, _pause: self._warn(sink, exc))
         except (httpx.HTTPError, SinkBusy) as exc:
             self._warn(sink, exc)
             self._count(sink.kind, "failed")
-            return
-        self._count(sink.kind, "sent" if resp.is_success else "refused")
+            return "failed"
+        outcome = "sent" if resp.is_success else "refused"
+        self._count(sink.kind, outcome)
+        return outcome
 
     @staticmethod
     def _warn(sink: NotifySink, exc: BaseException) -> None:

@@ -33,6 +33,7 @@ from remediation.journal import IncidentRecord, Journal
 from remediation.leader import Term
 from remediation.metrics import Metrics
 from remediation.notify import Notifier, SpareShortage
+from remediation.owner_loop import make_owner_loop
 from remediation.policy import Policy
 from remediation.recovery import Recovery
 from remediation.rounds import Round
@@ -90,6 +91,15 @@ class Worker:
         batches = Batches(config, journal, executor, self.runs, self.inflight)
         self.round = Round(config, journal, policy, metrics, notifier, self.closings, batches, self.inflight)
         self.recovery = Recovery(journal, metrics, self.inflight, elected=fence is not None)
+        # job owners told, fault costs journalled (remediation/owner_loop.py): off without a sink
+        self.owners = make_owner_loop(
+            config,
+            journal,
+            metrics,
+            notifier,
+            lambda nodes: policy.kube.pools(config.pool_label, nodes),
+            lambda: self._leading,
+        )
 
     @property
     def warm_fence(self) -> WarmFence | None:
@@ -126,6 +136,8 @@ class Worker:
             self.recover()  # else when this replica starts leading (_ensure_leading)
         self._thread = threading.Thread(target=self._loop, name="autoheal-worker", daemon=True)
         self._thread.start()
+        if self.owners is not None:
+            self.owners.start()
 
     def _take_runner_lock(self) -> None:
         path = self.config.state_dir / "runner.lock"
@@ -146,6 +158,8 @@ class Worker:
         if self._thread is not None:
             self._thread.join(timeout)
         self.runs.shutdown()
+        if self.owners is not None:
+            self.owners.stop()
         if self.warm_fence is not None:
             self.warm_fence.close()
         if self._runner_lock is not None:

@@ -16,7 +16,8 @@ description:
     that failed (with its exit code and last output line), ran past O(timeout), stayed Pending past
     O(pending_timeout) (with the scheduler's or the kubelet's reason), or could not be created or
     read (an API error such as 403 Forbidden) is a failed node naming the cause, never a module
-    failure and never a pass. Jobs stopped for a timeout are deleted, so they cannot run later.
+    failure and never a pass. (C(results) and C(failed) are Ansible's own keys, hence
+    RV(node_results) and RV(failed_nodes).) Jobs stopped for a timeout are deleted, so they cannot run later.
   - Job names are deterministic - C(autoheal-<purpose>-<node's first DNS label, cut>-<hash of node
     and incident>), at most 63 characters for any node name; the node and incident are annotations
     (C(autoheal.io/node), C(autoheal.io/incident)). A rerun for the same node and incident finds
@@ -108,11 +109,11 @@ EXAMPLES = r"""
     privileged: true
     timeout: 120
   register: reset
-  # reset.results['gpu-3'] == {ok: false, exit_code: 3, reason: "Failed exit 3: GPU 0 is busy", ...}
+  # reset.node_results['gpu-3'] == {ok: false, exit_code: 3, reason: "Failed exit 3: GPU 0 is busy", ...}
 """
 
 RETURN = r"""
-results:
+node_results:
   description:
     - Per node - C(ok) (bool), C(exit_code) (int or null), C(reason) (one line), C(logs) (the
       log's end), C(job) (its name).
@@ -125,13 +126,13 @@ results:
       reason: "Pending 120 s: 0/2 nodes are available: 1 Insufficient nvidia.com/gpu"
       logs: ""
       job: autoheal-diag-gpu-3-1a2b3c4d5e
-ok:
+ok_nodes:
   description: The nodes whose command ran and exited 0.
   returned: always
   type: list
   elements: str
-failed:
-  description: "C({node: reason}) for the others."
+failed_nodes:
+  description: "C({node: reason}) for the others (not C(failed): that key would fail the task)."
   returned: always
   type: dict
 api_retries:
@@ -358,9 +359,9 @@ def main() -> None:
     ok = [n for n in nodes if results[n]["ok"]]
     module.exit_json(
         changed=any(j.changed for j in jobs.values()),
-        results=results,
-        ok=ok,
-        failed={n: results[n]["reason"] for n in nodes if n not in ok},
+        node_results=results,
+        ok_nodes=ok,
+        failed_nodes={n: results[n]["reason"] for n in nodes if n not in ok},
         api_retries=kube.api_retries,
     )
 

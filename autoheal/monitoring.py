@@ -21,6 +21,9 @@ SOURCE_LABEL = "source"
 SOURCE_METRIC = "dcgm"  # the XID gauge of dcgm-exporter
 SOURCE_LOST = "lost-gpu"  # the GPU stopped reporting (lost_gpu_expr)
 SOURCE_WATCHER = "watcher"  # the node-local kernel log watcher (watcher/)
+# the watcher's alerts carry the driver's kernel record as logged (sanitised, autoheal.xid_messages
+# MAX_LINE), which the runner keeps with the incident for the vendor's evidence bundle
+KERNEL_LINE_ANNOTATION = "kernel_line"
 LOST_GPU_XID = 79  # a GPU that stops reporting has, for remediation, fallen off the bus
 LOST_GPU_WINDOW = "10m"  # how long a vanished GPU series is remembered (and its alert fires)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 MAX_TEXT = 256  # how much of a driver message may travel in an alert annotation
+MAX_LINE = 512  # how much of a whole kernel record may (the evidence bundle's kernel line)
 
 _BUS = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 _NVRM_XID = re.compile(rf"NVRM: Xid \((?:PCI:)?({_BUS})\): (\d{{1,3}})\b(.*)", re.DOTALL)

@@ -69,6 +69,7 @@ class PlayVars:
     extra: Mapping[str, Any] = field(default_factory=dict)
     stop_after: str = ""  # "fenced": a fence-only run (the worker's fence lane)
     fault_time: float = 0.0  # when the batch's first incident opened: restart_app's job filter
+    kernel_lines: Path | None = None  # the watcher's kernel lines of the batch (remediation/kernel_lines.py)
 
     def extravars(self) -> dict[str, Any]:
         if not self.nodes or len(self.nodes) != len(self.incident_ids):
@@ -113,6 +114,8 @@ class PlayVars:
                 "autoheal_version": __version__,
             }
         )
+        if self.kernel_lines is not None:  # a file, never the lines themselves: alert text is no extra var
+            out["autoheal_kernel_lines"] = str(self.kernel_lines)
         return out
 
 

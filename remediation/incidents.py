@@ -5,7 +5,9 @@ GPU must be small integers, and only those typed values travel on (never labels 
 The XID watcher's alerts also carry decoded facts of the driver's message (autoheal.xid_messages:
 154's recovery action, 144-150's subcode, severity and link) and the message itself; they are
 re-validated here into an XidDetail of enums and small integers and a sanitised, bounded message,
-handed to the classifier and kept in the incident's timeline, and never passed to a play.
+handed to the classifier and kept in the incident's timeline, and never passed to a play. The
+watcher's kernel record (`kernel_line`, a driver line or nothing: remediation/kernel_lines.py)
+is kept there too, for the evidence bundle; the play gets it only as a file the module reads.
 Two sources of one fault (the watcher, the dcgm rule, the lost-GPU rule: same alertname and node)
 are one incident: they share the node and the fault class.
 Dedup keeps Alertmanager's repeats, its resolved notifications and re-fires from starting the
@@ -22,12 +24,13 @@ import re
 from dataclasses import dataclass, field
 
 from autoheal.errors import ValidationError
-from autoheal.monitoring import SOURCE_LABEL
+from autoheal.monitoring import KERNEL_LINE_ANNOTATION, SOURCE_LABEL
 from autoheal.names import validate_node_name
 from autoheal.xid import Tier, XidCatalog
 from autoheal.xid_messages import XidDetail, sanitise
 from remediation.errors import PayloadError
 from remediation.journal import IncidentRecord, Journal, Tx
+from remediation.kernel_lines import kernel_line
 from remediation.models import Alert, WebhookPayload
 from remediation.rules import Rule, Rules
 
@@ -63,14 +66,17 @@ class Incident:
     detail: XidDetail = field(default_factory=XidDetail)  # decoded facts of the driver's message
     message: str = ""  # the driver's message, sanitised (printable ASCII, <= 256 characters)
     source: str = ""  # who saw it: watcher, dcgm, lost-gpu (the alert's `source` label), if valid
+    kernel_line: str = ""  # the driver's kernel record (the watcher's), sanitised, for the evidence
 
     def facts(self) -> str:
         """The timeline's record of who saw the fault and what the driver said ("" if nothing)."""
-        if self.detail.empty and not self.message and not self.source:
+        if self.detail.empty and not self.message and not self.source and not self.kernel_line:
             return ""
-        data = {"source": self.source, **self.detail.to_annotations()}
+        data: dict[str, str | float] = {"source": self.source, **self.detail.to_annotations()}
         if self.message:
             data["message"] = self.message
+        if self.kernel_line:
+            data.update(kernel_line=self.kernel_line, logged_at=self.starts_at)
         return json.dumps(data, sort_keys=True)
 
 
@@ -153,6 +159,7 @@ def normalise(alert: Alert, rule: Rule, catalog: XidCatalog) -> Incident | Rejec
         detail=detail,
         message=sanitise(alert.annotations.get("message", "")),
         source=source if _SOURCE.fullmatch(source) else "",
+        kernel_line=kernel_line(alert.annotations.get(KERNEL_LINE_ANNOTATION, "")),
     )
 
 

@@ -21,6 +21,7 @@ from remediation.finish import Finish
 from remediation.inflight import InFlight, RunKind
 from remediation.ingest import ingest
 from remediation.journal import IncidentRecord, Journal, RunRecord
+from remediation.kernel_lines import write_for_run
 from remediation.metrics import Metrics
 from remediation.states import IncidentState, RunStatus
 from remediation.warmfence import PLAYBOOK as WARM_PLAYBOOK
@@ -188,7 +189,14 @@ class Runs:
             extra={**self.config.play_vars, **first.extra_vars},
             stop_after=kind.stop_after,
             fault_time=min(i.opened_at for i in batch),
+            kernel_lines=self._kernel_lines(run, batch) if kind is RunKind.FULL else None,
         )
+
+    def _kernel_lines(self, run: RunRecord, batch: list[IncidentRecord]) -> Path | None:
+        """The watcher's kernel lines of the batch, for the evidence bundles (a full run's)."""
+        if not run.events_path:
+            return None
+        return write_for_run(self.journal, Path(run.events_path).parent, [(i.node, i.id) for i in batch])
 
     # while it runs ----------------------------------------------------------------------------
     def _tx_run(self, run_id: int, **fields: object) -> None:

@@ -4,6 +4,8 @@ A fatal XID becomes `GpuXidFatal` with `severity`, `tier` and `xid` as the rule 
 GPU's `gpu`, `UUID` and `Hostname` as dcgm-exporter labels its series, plus `source="watcher"`.
 Alertmanager's route, grouping (alertname, Hostname), silences and inhibitions therefore treat it
 like the rule's alert, and the runner's rules (config/rules.yaml) route both to one incident.
+The kernel record itself travels as the `kernel_line` annotation (sanitised, at most MAX_LINE
+characters): the runner keeps it with the incident for the vendor's evidence bundle.
 
 Only what the catalogue puts in an acting tier is posted (what the rules would fire on); the rest
 is counted in the metrics. The message text travels only as a sanitised, length-limited
@@ -14,9 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoheal.monitoring import FATAL_ALERT, NVSWITCH_ALERT, SOURCE_LABEL, SOURCE_WATCHER
+from autoheal.monitoring import (
+    FATAL_ALERT,
+    KERNEL_LINE_ANNOTATION,
+    NVSWITCH_ALERT,
+    SOURCE_LABEL,
+    SOURCE_WATCHER,
+)
 from autoheal.xid import Tier, XidCatalog
-from autoheal.xid_messages import FallenOffBus, Severity, SxidLine, XidDetail, XidLine, sanitise
+from autoheal.xid_messages import MAX_LINE, FallenOffBus, Severity, SxidLine, XidDetail, XidLine, sanitise
 from watcher.gpus import Gpu, GpuMap
 
 FALLEN_XID = 79  # "fallen off the bus" without an Xid line is XID 79 by another name
@@ -60,6 +68,7 @@ def xid_alert(
     catalog: XidCatalog,
     at: float,
     secondary: bool = False,
+    record: str = "",
 ) -> WatchAlert | None:
     """The alert for an XID on the GPU at `bus_id`, or None when its tier only notifies."""
     tier = catalog.tier_of(xid)
@@ -80,18 +89,44 @@ def xid_alert(
         "message": sanitise(text),
         "catalog_version": str(catalog.version),
         **detail.to_annotations(),
+        **_kernel_line(record),
     }
     return WatchAlert(labels, annotations, at, secondary)
 
 
+def _kernel_line(record: str) -> dict[str, str]:
+    """The kernel record as an annotation (none for an empty one)."""
+    line = sanitise(record, MAX_LINE)
+    return {KERNEL_LINE_ANNOTATION: line} if line else {}
+
+
 def alert_for(
-    event: XidLine | FallenOffBus | SxidLine, node: str, gpus: GpuMap, catalog: XidCatalog, at: float
+    event: XidLine | FallenOffBus | SxidLine,
+    node: str,
+    gpus: GpuMap,
+    catalog: XidCatalog,
+    at: float,
+    record: str = "",
 ) -> WatchAlert | None:
+    """The alert for one driver event; `record` is the kernel record it came from, as logged."""
     if isinstance(event, XidLine):
-        return xid_alert(node, event.bus_id, event.xid, event.text, event.detail, gpus, catalog, at)
+        return xid_alert(
+            node, event.bus_id, event.xid, event.text, event.detail, gpus, catalog, at, record=record
+        )
     if isinstance(event, FallenOffBus):
         text = "GPU has fallen off the bus and is not responding to commands (driver notice)"
-        return xid_alert(node, event.bus_id, FALLEN_XID, text, XidDetail(), gpus, catalog, at, secondary=True)
+        return xid_alert(
+            node,
+            event.bus_id,
+            FALLEN_XID,
+            text,
+            XidDetail(),
+            gpus,
+            catalog,
+            at,
+            secondary=True,
+            record=record,
+        )
     if event.severity is not Severity.FATAL:
         return None
     labels = {
@@ -107,6 +142,7 @@ def alert_for(
         "summary": f"Fatal SXID {event.sxid} on {node} NVSwitch {event.nvswitch}",
         "message": sanitise(event.text),
         "xid_severity": Severity.FATAL.value,
+        **_kernel_line(record),
     }
     if event.link is not None:
         annotations["xid_link"] = str(event.link)

@@ -106,7 +106,7 @@ class Watcher:
             self.metrics.last_event.set(time.time())
             if kind != "sxid" and self.gpus.get(event.bus_id) is None:
                 self.gpus.refresh_soon()  # this alert goes out without a GPU index; later ones have it
-            alert = alert_for(event, self.cfg.node, self.gpus, self.catalog, at)
+            alert = alert_for(event, self.cfg.node, self.gpus, self.catalog, at, line.message)
             if alert is not None:
                 self.metrics.offered.labels(outcome=self.outbox.offer(alert, time.time())).inc()
 

@@ -73,6 +73,8 @@ REASON_PREFIX: Final = "autoheal:"  # every Slurm reason autoheal sets starts wi
 SPARE_REASON: Final = "autoheal: hot spare"
 # a new node registered drained until the spare keeper decides spare or active (a cloud's bridge)
 JOINING_REASON: Final = "autoheal: joining"
+# a node drained while its slurmd pod is restarted onto a new pod template (playbooks/slurm_rollout.yml)
+ROLLOUT_REASON: Final = "autoheal: config rollout"
 # the comment a promoted spare carries: "<this><failed node> <incident>" (slurm_spares)
 PROMOTION_PREFIX: Final = "autoheal: replaces "
 

@@ -15,7 +15,16 @@ what `srun hostname` and Slurm's node-to-node traffic see. They are pinned to th
 tolerate the pool's taints and the hot-spare taint (spares run slurmd too), and request every GPU
 of the node; each pool's gres.conf names the device files the GPU device plugin puts in the pod.
 The update strategy is `OnDelete`, so a config change never restarts slurmd under a running
-training job. The pod is Ready once slurmctld knows its node (`scontrol show node`).
+training job. The pod template carries the hash of the files this pool's slurmd reads (slurm.conf,
+cgroup.conf, its gres.conf), so a pool change (a new pool, a pool's GPUs, features or Gres, any
+slurm.conf change) is a template change `pulumi up` applies; the pods already running then sit on
+an old revision until playbooks/slurm_rollout.yml restarts them one node at a time, each drained
+first and restarted only once its jobs are done (docs/runbook.md). A restart, not
+`scontrol reconfigure`: a dynamic node's CPUs, Gres and features are the `--conf` slurmd registers
+with (slurmd(8), `--conf`, used with `-Z`), which only a new registration changes; slurm.conf(5)
+names parameters (GresTypes, TaskPlugin...) that need slurmd restarted; and reconfigure restarts
+no daemon (scontrol(1), `reconfigure`). The pod is Ready once slurmctld knows its node
+(`scontrol show node`).
 
 Jobs run inside the pod with only the GPUs Slurm gave them: slurmd confines each step in a cgroup
 of its own below the pod's (task/cgroup, ConstrainDevices: the other GPUs' device files answer
@@ -41,10 +50,10 @@ import pulumi_kubernetes as k8s
 from autoheal import labels as lb
 from autoheal.slurmconf import dynamic_node_conf
 from components import k8sargs
-from components.common import SubComponent, base_labels, child
+from components.common import SubComponent, base_labels, child, content_hash
 from components.nodepool import PoolPlacement
 from components.slurm import scripts
-from components.slurm.config import CONFIG_VOLUME, SlurmPodParts
+from components.slurm.config import CONFIG_VOLUME, SlurmPodParts, pool_gres_key
 from components.slurm.layout import CONFIG_DIR, RUN_DIR, SLURMD_PORT, SPOOL_DIR
 from components.slurm.scripts import ClusterUser
 
@@ -78,11 +87,19 @@ class SlurmWorkers(SubComponent):
             spec=k8s.apps.v1.DaemonSetSpecArgs(
                 selector=k8sargs.selector(labels),
                 update_strategy=k8s.apps.v1.DaemonSetUpdateStrategyArgs(type="OnDelete"),
-                template=k8sargs.template(labels, _pod(args)),
+                template=k8sargs.template(
+                    labels, _pod(args), {lb.CONFIG_HASH_ANNOTATION: pool_config_hash(args.parts, pool)}
+                ),
             ),
             opts=self.adopt(),
         )
         self.register_outputs({"daemonSet": self.daemon_set.metadata.name, "pool": pool})
+
+
+def pool_config_hash(parts: SlurmPodParts, pool: str) -> str:
+    """The hash of what this pool's slurmd reads: another pool's gres.conf rolls only that pool."""
+    data = parts.config_data
+    return content_hash({k: data[k] for k in ("slurm.conf", "cgroup.conf", pool_gres_key(pool))})
 
 
 # The munge containers of a Guaranteed slurmd pod: every container, init ones too, must request

@@ -122,6 +122,8 @@ ROLE_NAMES = {
     "node_pool_replaces_annotation": "REPLACES_ANNOTATION",
     "ladder_validation_annotation": "VALIDATION_ANNOTATION",
     "ladder_spare_reason": "SPARE_REASON",
+    "slurm_rollout_reason": "ROLLOUT_REASON",
+    "slurm_rollout_spare_reason": "SPARE_REASON",
 }
 
 

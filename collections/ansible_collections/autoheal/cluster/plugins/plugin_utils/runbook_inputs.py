@@ -41,14 +41,14 @@ class InputError(ValueError):
     """An input is wrong; the message names it and says how to fix it."""
 
 
-def check_names(nodes: list[str], incident_ids: list[str]) -> None:
+def check_names(nodes: list[str], incident_ids: list[str], required: bool = True) -> None:
     bad = [n for n in nodes if not is_node_name(n)]
     if bad:
         raise InputError(
             f"autoheal_nodes: {shown(bad)} not node names (they must match {NODE_NAME_RE.pattern}, "
             "lower-case, at most 253 characters)"
         )
-    if not nodes:
+    if not nodes and required:
         raise InputError("autoheal_nodes: give at least one node")
     repeated = sorted({n for n in nodes if nodes.count(n) > 1})
     if repeated:
@@ -84,13 +84,15 @@ def default_lab_root(env: Mapping[str, str], playbook_dir: str) -> str:
     return env.get(LAB_ROOT_ENV) or os.path.normpath(os.path.join(playbook_dir, os.pardir, ".lab"))
 
 
-def derive(values: dict[str, Any], cwd: str, playbook_dir: str, env: Mapping[str, str]) -> dict[str, Any]:
+def derive(
+    values: dict[str, Any], cwd: str, playbook_dir: str, env: Mapping[str, str], nodes_required: bool = True
+) -> dict[str, Any]:
     """`autoheal_run`: every input without its prefix, paths absolute, plus what the steps derive
     (incidents per node, whether Kubernetes is in play, the effective replacement backend)."""
     values = dict(values)
     nodes = list(values.get("autoheal_nodes") or [])
     ids = list(values.get("autoheal_incident_ids") or [])
-    check_names(nodes, ids)
+    check_names(nodes, ids, nodes_required)
     if "autoheal_lab_root" in values and not values["autoheal_lab_root"]:
         values["autoheal_lab_root"] = default_lab_root(env, playbook_dir)
         if not os.path.isdir(values["autoheal_lab_root"]):
@@ -133,7 +135,10 @@ def check_inputs(
     checked = ArgumentSpecValidator(spec).validate(given, validate_role_argument_spec=True)
     if checked.error_messages:
         raise InputError("invalid input: " + "; ".join(checked.error_messages))
-    return derive(checked.validated_parameters, cwd, playbook_dir, env)
+    # a play whose spec does not require nodes (slurm_rollout: every stale node) may get none
+    nodes_spec = spec.get("autoheal_nodes")
+    nodes_required = nodes_spec is None or bool(nodes_spec.get("required", False))
+    return derive(checked.validated_parameters, cwd, playbook_dir, env, nodes_required)
 
 
 def lab_args(run: Mapping[str, Any]) -> list[str]:

@@ -50,6 +50,11 @@ JOB_PURPOSE_LABEL: Final = f"{DOMAIN}/job-purpose"
 JOB_NODE_LABEL: Final = f"{DOMAIN}/job-node"
 JOB_KEY_LABEL: Final = f"{DOMAIN}/job-key"
 NODE_ANNOTATION: Final = f"{DOMAIN}/node"
+# On a node while the recovery ladder resets or validates its GPUs: "stopped". The GPU agents'
+# DaemonSets (dcgm-exporter, slurmd) exclude it in their node affinity, so their pods leave the
+# node and come back once the label is lifted (roles/ladder/tasks/holders.yml).
+GPU_AGENTS_LABEL: Final = f"{DOMAIN}/gpu-agents"
+GPU_AGENTS_STOPPED: Final = "stopped"
 
 # --- the objects the Pulumi components declare (the policy pack and the review read them) ------
 # Kubernetes' recommended labels, on every object of ours; COMPONENT_LABEL tells the policy pack

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
+from autoheal import labels as lb
+
 
 def meta(
     name: str,
@@ -119,6 +121,14 @@ def node_has(key: str, *values: str) -> k8s.core.v1.NodeSelectorRequirementArgs:
     if values:
         return k8s.core.v1.NodeSelectorRequirementArgs(key=key, operator="In", values=list(values))
     return k8s.core.v1.NodeSelectorRequirementArgs(key=key, operator="Exists")
+
+
+def gpu_agents_running() -> k8s.core.v1.NodeSelectorRequirementArgs:
+    """A GPU agent's DaemonSet (dcgm-exporter, slurmd) stays off a node whose agents the recovery
+    ladder stopped (lb.GPU_AGENTS_LABEL=stopped) for a GPU reset or validation."""
+    return k8s.core.v1.NodeSelectorRequirementArgs(
+        key=lb.GPU_AGENTS_LABEL, operator="NotIn", values=[lb.GPU_AGENTS_STOPPED]
+    )
 
 
 def template(

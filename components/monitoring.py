@@ -171,7 +171,11 @@ class GpuMonitoring(pulumi.ComponentResource):
         quarantined and draining nodes are exactly the ones whose GPUs must stay visible."""
         ns = self._args.namespace
         pod = k8s.core.v1.PodSpecArgs(
-            affinity=k8sargs.required_node_affinity([k8sargs.node_has(lb.POOL_LABEL)]),
+            # off a node while the recovery ladder resets or validates its GPUs (it holds them
+            # through NVML); back when the ladder lifts the label (roles/ladder/tasks/holders.yml)
+            affinity=k8sargs.required_node_affinity(
+                [k8sargs.node_has(lb.POOL_LABEL), k8sargs.gpu_agents_running()]
+            ),
             tolerations=[k8s.core.v1.TolerationArgs(operator="Exists")],
             containers=[_dcgm_container(self._args.dcgm_image)],
             volumes=[

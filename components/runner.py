@@ -12,6 +12,10 @@ node's pods live in any namespace:
 
 With `spare_keeper`, in the runner's namespace only (Role): configmaps get, list (the pools'
 descriptions the leader's spare keeper reads; it marks spares with the nodes patch above).
+In the runner's namespace only (Role `autoheal-runner-ladder-jobs`): jobs get, create, delete and
+pods/log get - the recovery ladder's GPU reset and DCGM validation Jobs (autoheal.cluster.node_job
+reads each Job by name, its pods through the pods list above, and the pod's log; the Jobs run
+there: ladder_dcgm_namespace). The GPU agents are stopped through a node label (nodes patch).
 In the audit namespace only (Role): events get, list, create (the audit role lists the Events
 autoheal already wrote, so a rerun creates none twice, and creates the missing ones). Nothing
 else: no secrets, no pod create/delete/exec, no node create/delete (the replacement backend
@@ -84,6 +88,12 @@ RUNNER_LEASE_RULES: tuple[Rule, ...] = ((("coordination.k8s.io",), ("leases",), 
 # the spare keeper (spare_keeper=True), in the runner's own namespace: it lists the pool
 # descriptions (ConfigMaps autoheal-pool-<name>); it marks nodes with the cluster-wide nodes patch
 RUNNER_POOL_RULES: tuple[Rule, ...] = ((("",), ("configmaps",), ("get", "list")),)
+# the recovery ladder's Jobs (reset, diagnostics, evidence), in the runner's own namespace: each
+# read by name (no list), created, deleted when done; the log of its pod
+RUNNER_LADDER_RULES: tuple[Rule, ...] = (
+    (("batch",), ("jobs",), ("get", "create", "delete")),
+    (("",), ("pods/log",), ("get",)),
+)
 # a pool whose backend is karpenter (pools/karpenter.py): its NodePools read, a retired node's
 # NodeClaim deleted (Karpenter drains and terminates it and launches the replacement)
 RUNNER_KARPENTER_RULES: tuple[Rule, ...] = (
@@ -209,6 +219,7 @@ class RemediationRunner(pulumi.ComponentResource):
             self._leader_election()
         if _loop_on(args, "spare_keeper"):
             self._namespaced_role("pools", "pools", RUNNER_POOL_RULES)
+        self._namespaced_role("ladder", "ladder-jobs", RUNNER_LADDER_RULES)
         files = _RunnerFiles(token, config_map, journal, config_hash, self._slurm())
         self._workload(files, skip)
         if args.replicas > 1:

@@ -235,6 +235,13 @@ def _cloud_play_vars(cfg: StackSpec) -> dict[str, object]:
     return {"autoheal_wait_replacement": True, "autoheal_replacement_timeout": 900}
 
 
+def _ladder_play_vars(cfg: StackSpec) -> dict[str, object]:
+    """The recovery ladder's reset and DCGM diagnostics Jobs run the stack's DCGM image (by digest:
+    the ladder refuses a tag); without one configured the dcgm backend fails, naming the setting."""
+    image = cfg.monitoring.dcgm_image
+    return {"autoheal_dcgm_image": image} if image else {}
+
+
 def _cloud_loops(cfg: StackSpec) -> dict[str, object]:
     """On a cloud the leader keeps the spares (a node group's new instance comes up as a plain
     member: nothing else makes it a spare) and deletes dead nodes' Slurm records (an instance
@@ -266,7 +273,11 @@ def runner_args(
             "pool_backends": {p.name: cfg.backend(p) for p in cfg.pools},
             **_cloud_loops(cfg),
             **rc.settings,
-            "play_vars": {**_cloud_play_vars(cfg), **dict(rc.settings.get("play_vars") or {})},
+            "play_vars": {
+                **_cloud_play_vars(cfg),
+                **_ladder_play_vars(cfg),
+                **dict(rc.settings.get("play_vars") or {}),
+            },
         },
         dry_run=rc.dry_run,
         journal_size=rc.journal_size,

@@ -94,7 +94,9 @@ def mmdebstrap(
         argv.append(
             f'--customize-hook=cp -aln "$1"/var/cache/apt/archives/*.deb {deb_cache}/ 2>/dev/null || true'
         )
-    argv += [f"--customize-hook={h}" for h in hooks]
+    # the extract variant runs no customize hooks: its tree is done once the packages are unpacked
+    stage = "extract" if variant == "extract" else "customize"
+    argv += [f"--{stage}-hook={h}" for h in hooks]
     argv += [suite, str(out_tar), f"deb {mirror()} {suite} main"]
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:

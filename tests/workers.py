@@ -46,7 +46,12 @@ SHARED: dict[str, tuple[str, ...]] = {
     ),
     "tests/k8s_runner": ("test_cordon_sync.py", "test_fleet_loops.py", "test_incluster.py", "test_rbac.py"),
     "tests/lab": ("test_example_job.py", "test_lab_alerts.py", "test_lab_pool.py", "test_lab_slurm.py"),
-    "tests/nodes": ("test_preflight_real.py", "test_real_nodes.py", "test_xid_watcher_kmsg.py"),
+    "tests/nodes": (
+        "test_ladder_jobs.py",
+        "test_preflight_real.py",
+        "test_real_nodes.py",
+        "test_xid_watcher_kmsg.py",
+    ),
     "tests/packaging": ("test_collection.py", "test_version.py", "test_wheel.py"),
     "tests/remediation": ("test_rem_journal_pg.py",),
     "tests/runbook": (

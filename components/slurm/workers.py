@@ -133,8 +133,11 @@ def _pod(args: SlurmWorkersArgs) -> k8s.core.v1.PodSpecArgs:
         # slurmd gets the job's grace period (KillWait) and some time to report back.
         termination_grace_period_seconds=args.grace_seconds + 30,
         service_account_name=args.service_account,
+        # off a node while the recovery ladder resets or validates its GPUs (slurmd holds their
+        # allocation): roles/ladder/tasks/holders.yml
         affinity=k8sargs.required_node_affinity(
             [k8sargs.node_has(k, v) for k, v in sorted(placement.selector.items())]
+            + [k8sargs.gpu_agents_running()]
         ),
         tolerations=placement.tolerations(),
         init_containers=munge,

@@ -47,8 +47,14 @@ def test_dcgm_exporter_runs_on_every_gpu_node_including_spares_and_quarantined(l
     ds = lab.one("kubernetes:apps/v1:DaemonSet", "dcgm-exporter")
     spec = pod_spec(ds)
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    # ... but not while the recovery ladder has stopped the node's GPU agents (holders.yml)
     assert terms["nodeSelectorTerms"] == [
-        {"matchExpressions": [{"key": "autoheal.io/pool", "operator": "Exists"}]}
+        {
+            "matchExpressions": [
+                {"key": "autoheal.io/pool", "operator": "Exists"},
+                {"key": "autoheal.io/gpu-agents", "operator": "NotIn", "values": ["stopped"]},
+            ]
+        }
     ]
     assert spec["tolerations"] == [{"operator": "Exists"}]
     (c,) = spec["containers"]

@@ -359,3 +359,33 @@ def test_a_karpenter_pool_gives_the_runner_its_nodeclaims_and_no_more():
         run_program(lambda: RemediationRunner("r", plain)).one(CLUSTER_ROLE, "autoheal-runner")
     )
     assert not [g for g in granted if g[0] == "karpenter.sh"]
+
+
+def test_the_ladders_jobs_are_granted_in_the_runners_namespace_only(lab):
+    """Reset and DCGM validation Jobs (autoheal.cluster.node_job): read by name, created, deleted,
+    and their pods' logs read - in the runner's namespace, nothing cluster-wide."""
+    role = lab.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "autoheal-runner-ladder-jobs")
+    assert role.inputs["metadata"]["namespace"] == "autoheal"
+    assert _granted(role) == {
+        ("batch", "jobs", "get"),
+        ("batch", "jobs", "create"),
+        ("batch", "jobs", "delete"),
+        ("", "pods/log", "get"),
+    }
+    binding = lab.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding", "autoheal-runner-ladder-jobs")
+    assert binding.inputs["roleRef"]["name"] == "autoheal-runner-ladder-jobs"
+    assert ("batch", "jobs", "create") not in _granted(lab.one(CLUSTER_ROLE, "autoheal-runner"))
+
+
+def test_the_stacks_dcgm_image_reaches_the_ladder_as_a_play_var():
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from components.stack import _ladder_play_vars
+
+    image = "nvcr.io/nvidia/k8s/dcgm-exporter@sha256:" + "c" * 64
+    assert _ladder_play_vars(cast(Any, SimpleNamespace(monitoring=SimpleNamespace(dcgm_image=image)))) == {
+        "autoheal_dcgm_image": image
+    }
+    # none configured: the role's empty default stands, and the dcgm backend fails naming it
+    assert _ladder_play_vars(cast(Any, SimpleNamespace(monitoring=SimpleNamespace(dcgm_image=None)))) == {}

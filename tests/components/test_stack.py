@@ -43,7 +43,7 @@ def test_lab_stack_declares_the_expected_resources(lab):
     assert counts["pulumi:providers:kubernetes"] == 1
     # slurmd's ServiceAccount, ClusterRole and binding (a spare registers drained)
     assert counts["kubernetes:core/v1:ServiceAccount"] == 2  # the runner's, slurmd's
-    assert len(lab.resources) == 48
+    assert len(lab.resources) == 50  # + the runner's Role and RoleBinding for the ladder's Jobs
     assert all(not r.custom for r in lab.resources if r.type in COMPONENTS)
 
 

@@ -12,6 +12,14 @@ def test_watcher_runs_on_every_gpu_node_with_the_kernel_log_and_node_state(lab):
     ds = lab.one("kubernetes:apps/v1:DaemonSet", "xid-watcher")
     spec = pod_spec(ds)
     dcgm = pod_spec(lab.one("kubernetes:apps/v1:DaemonSet", "dcgm-exporter"))
+    # where dcgm-exporter runs, and also while the ladder has stopped the GPU agents (the watcher
+    # reads the kernel log, not the GPUs: an XID during a reset is still seen)
+    pool_only = dcgm["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    pool_only["nodeSelectorTerms"][0]["matchExpressions"] = [
+        e
+        for e in pool_only["nodeSelectorTerms"][0]["matchExpressions"]
+        if e["key"] != "autoheal.io/gpu-agents"
+    ]
     assert spec["affinity"] == dcgm["affinity"] and spec["tolerations"] == [{"operator": "Exists"}]
     (c,) = spec["containers"]
     assert c["command"] == ["autoheal", "watch", "--resend-seconds=60", "--hold-seconds=300"]

@@ -190,6 +190,37 @@ def test_the_api_server_refuses_what_the_runbook_does_not_need(
     assert RUNNER_USER in r.text
 
 
+def test_the_ladders_jobs_work_as_the_runner_in_its_namespace_only(runner_identity: Identity) -> None:
+    """autoheal.cluster.node_job's calls (the Role autoheal-runner-ladder-jobs): a Job created, read
+    by name and deleted in the runner's namespace; refused anywhere else. tests/nodes/
+    test_ladder_jobs.py runs the ladder's Jobs on real kubelets with this identity."""
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "rbac-probe"},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "fake", "command": ["true"]}],
+                }
+            },
+        },
+    }
+    jobs = f"/apis/batch/v1/namespaces/{RUNNER_NS}/jobs"
+    with runner_identity.http() as http:
+        assert http.post(jobs, json=job).status_code == 201
+        assert http.get(f"{jobs}/rbac-probe").status_code == 200
+        assert http.get(f"/api/v1/namespaces/{RUNNER_NS}/pods/none/log").status_code == 404  # allowed, absent
+        assert (
+            http.request("DELETE", f"{jobs}/rbac-probe", json={"propagationPolicy": "Background"}).status_code
+            == 200
+        )
+        assert http.get(jobs).status_code == 403  # no list: each Job is read by its name
+        assert http.post("/apis/batch/v1/namespaces/default/jobs", json=job).status_code == 403
+
+
 def test_the_granted_reads_answer(runner_identity: Identity) -> None:
     """The control for the refusals above: the same client and token are allowed what was granted."""
     with runner_identity.http() as http:

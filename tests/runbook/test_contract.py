@@ -122,6 +122,7 @@ ROLE_NAMES = {
     "node_pool_replaces_annotation": "REPLACES_ANNOTATION",
     "ladder_validation_annotation": "VALIDATION_ANNOTATION",
     "ladder_spare_reason": "SPARE_REASON",
+    "ladder_agents_label": "GPU_AGENTS_LABEL",
     "slurm_rollout_reason": "ROLLOUT_REASON",
     "slurm_rollout_spare_reason": "SPARE_REASON",
 }

@@ -22,10 +22,99 @@ def test_health_result_reads_the_check_and_fails_what_did_not_run():
     assert ladder.health_result({"rc": 0, "stdout": '{"healthy": "yes"}'})["healthy"] is False
 
 
-def test_dcgm_result_passes_only_a_succeeded_job():
-    assert ladder.dcgm_result({"resources": [{"status": {"succeeded": 1}}]})["healthy"] is True
-    assert ladder.dcgm_result({"resources": [{"status": {"failed": 1}}]})["failures"] == ["dcgmi diag failed"]
-    assert ladder.dcgm_result({"resources": []})["healthy"] is False
+DIAG = {
+    "DCGM GPU Diagnostic": {
+        "version": "4.2.3",
+        "test_categories": [
+            {
+                "category": "Deployment",
+                "tests": [{"name": "Denylist", "results": [{"gpu_ids": "0,1", "status": "Pass"}]}],
+            },
+            {
+                "category": "Hardware",
+                "tests": [
+                    {
+                        "name": "Memory",
+                        "results": [
+                            {"gpu_ids": "0", "status": "Pass"},
+                            {"gpu_ids": "1", "status": "Fail", "warnings": ["DBE on GPU 1"]},
+                        ],
+                    }
+                ],
+            },
+        ],
+    }
+}
+
+
+def _diag(ok: bool, doc: object, prefix: str = "") -> dict:
+    return {
+        "ok": ok,
+        "exit_code": 0 if ok else 1,
+        "reason": "Completed" if ok else "Failed exit 1: x",
+        "logs": prefix + json.dumps(doc),
+    }
+
+
+def test_dcgm_result_passes_only_a_completed_job_whose_json_lists_no_failed_test():
+    passing = json.loads(json.dumps(DIAG))
+    passing["DCGM GPU Diagnostic"]["test_categories"][1]["tests"][0]["results"][1]["status"] = "Pass"
+    # dcgmi may print a line before its JSON
+    assert ladder.dcgm_result(_diag(True, passing, "WARNING: something\n")) == {
+        "healthy": True,
+        "failures": [],
+    }
+    failed = ladder.dcgm_result(_diag(False, DIAG))
+    assert failed["healthy"] is False
+    assert failed["failures"] == ["dcgmi diag: Failed exit 1: x", "Memory on GPU 1: Fail (DBE on GPU 1)"]
+    # exit 0 without results, or without JSON, never passes
+    empty = ladder.dcgm_result(_diag(True, {"DCGM GPU Diagnostic": {"version": "4"}}))
+    assert empty["healthy"] is False and "no test results" in empty["failures"][0]
+    assert ladder.dcgm_result({"ok": True, "logs": "all good"})["healthy"] is False
+    # a Job that never ran (Pending, refused) fails naming why
+    pending = {
+        "ok": False,
+        "reason": "Pending 180 s: 0/2 nodes are available: 1 Insufficient nvidia.com/gpu",
+        "logs": "",
+    }
+    assert ladder.dcgm_result(pending)["failures"] == [f"dcgmi diag: {pending['reason']}"]
+    assert ladder.dcgm_result("refused: the GPUs are in use by a/b") == {
+        "healthy": False,
+        "failures": ["refused: the GPUs are in use by a/b"],
+    }
+
+
+def test_holders_outcome_refuses_foreign_pods_and_fails_agents_that_stay():
+    before = {
+        "users": {"gpu-2": ["team/train-0 (2 nvidia.com/gpu)"]},
+        "agents": {"gpu-1": ["m/dcgm-x"]},
+        "failed": {"gpu-4": "the node does not exist"},
+    }
+    after = {"agents": {"gpu-3": ["m/dcgm-y"]}, "users": {}, "failed": {}}
+    out = ladder.holders_outcome(
+        before, ["gpu-1", "gpu-2", "gpu-3", "gpu-4"], after, "autoheal.io/gpu-agents"
+    )
+    assert out["free"] == ["gpu-1"]
+    assert (
+        out["failed"]["gpu-2"]
+        == "refused: the GPUs are in use by team/train-0 (2 nvidia.com/gpu), not autoheal's to stop"
+    )
+    assert out["failed"]["gpu-3"].startswith("GPU agents still running: m/dcgm-y")
+    assert out["failed"]["gpu-4"] == "the node does not exist"
+
+
+def test_reset_scope_resets_every_gpu_together_unless_a_known_non_nvswitch_product_names_one():
+    infos = {
+        "hgx": {"labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+        "pcie": {"labels": {"nvidia.com/gpu.product": "NVIDIA-L40S"}},
+        "unknown": {"labels": {}},
+    }
+    nodes = ["hgx", "pcie", "unknown"]
+    regex = "SXM|HBM3|H200|B200|GB200|HGX|DGX"
+    assert ladder.reset_scope(infos, nodes, "auto", 3, regex) == {"all": ["hgx", "unknown"], "one": ["pcie"]}
+    assert ladder.reset_scope(infos, nodes, "auto", None, regex) == {"all": nodes, "one": []}
+    assert ladder.reset_scope(infos, nodes, "gpu", 3, regex) == {"all": [], "one": nodes}
+    assert ladder.reset_scope(infos, nodes, "all", 3, regex) == {"all": nodes, "one": []}
 
 
 def test_command_outcome_splits_ok_failed_and_ignores_skipped():

@@ -9,6 +9,7 @@ Documented in the .yml file of the same name as each filter; tested in tests/run
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -31,14 +32,92 @@ def health_result(res: Mapping[str, Any]) -> dict[str, Any]:
     return {"healthy": False, "failures": [f"health check did not run: {_why(res)}"]}
 
 
-def dcgm_result(res: Mapping[str, Any]) -> dict[str, Any]:
-    """One loop item of kubernetes.core.k8s_info on a DCGM diagnostics Job."""
-    jobs = res.get("resources") or []
-    status = (jobs[0].get("status") or {}) if jobs else {}
-    if int(status.get("succeeded") or 0) > 0:
+def _diag_json(logs: str) -> Any:
+    """The JSON document `dcgmi diag -j` printed, or None (dcgmi may print a warning line first)."""
+    start, end = logs.find("{"), logs.rfind("}")
+    if start < 0 or end < start:
+        return None
+    try:
+        return json.loads(logs[start : end + 1])
+    except ValueError:
+        return None
+
+
+def _diag_failures(doc: Any) -> list[str] | None:
+    """The tests that failed in a `dcgmi diag -j` document ("DCGM GPU Diagnostic" > test_categories
+    > tests > results, each with gpu_ids and status Pass|Fail|Warn|Skip); None when it has no results."""
+    root = doc.get("DCGM GPU Diagnostic") if isinstance(doc, dict) else None
+    cats = root.get("test_categories") if isinstance(root, dict) else None
+    if not isinstance(cats, list):
+        return None
+    failed, seen = [], 0
+    for cat in cats:
+        for test in (cat or {}).get("tests") or [] if isinstance(cat, dict) else []:
+            for res in (test or {}).get("results") or [] if isinstance(test, dict) else []:
+                seen += 1
+                if isinstance(res, dict) and str(res.get("status", "")).lower().startswith("fail"):
+                    warn = "; ".join(str(w) for w in res.get("warnings") or [])
+                    failed.append(
+                        f"{test.get('name')} on GPU {res.get('gpu_ids')}: Fail"
+                        + (f" ({warn})" if warn else "")
+                    )
+    return failed if seen else None
+
+
+def dcgm_result(res: Mapping[str, Any] | str) -> dict[str, Any]:
+    """One node's result of the DCGM diagnostics Job (autoheal.cluster.node_job: ok, exit_code,
+    reason, logs). Healthy only when the Job completed, exit 0, AND its `dcgmi diag -j` document
+    lists results none of which failed: a diagnostic that printed no result never passes."""
+    if isinstance(res, str):  # why the Job never ran (refused, holders left): unhealthy, naming it
+        return {"healthy": False, "failures": [res]}
+    doc = _diag_json(str(res.get("logs") or ""))
+    tests = _diag_failures(doc)
+    if res.get("ok") and tests == []:
         return {"healthy": True, "failures": []}
-    why = "dcgmi diag failed" if int(status.get("failed") or 0) > 0 else "dcgmi diag did not finish in time"
-    return {"healthy": False, "failures": [why]}
+    failures = [] if res.get("ok") else [f"dcgmi diag: {res.get('reason') or 'did not run'}"]
+    if tests:
+        failures += tests
+    elif res.get("ok"):
+        failures.append("dcgmi diag exited 0 but printed no test results (dcgmi diag -j)")
+    return {"healthy": False, "failures": failures}
+
+
+def holders_outcome(
+    holders: Mapping[str, Any], nodes: Iterable[str], left: Mapping[str, Any], label: str
+) -> dict[str, Any]:
+    """gpu_holders before and after the GPU agents were stopped: the nodes free of every holder,
+    and {node: why} for the others - refused for a pod not autoheal's (named), failed for agents
+    that did not go or a node that could not be read."""
+    failed: dict[str, str] = {}
+    for source in (holders, left or {}):
+        for node, pods in (source.get("users") or {}).items():
+            failed[node] = f"refused: the GPUs are in use by {', '.join(pods)}, not autoheal's to stop"
+        for node, why in (source.get("failed") or {}).items():
+            failed.setdefault(node, str(why))
+    for node, pods in ((left or {}).get("agents") or {}).items():
+        failed.setdefault(
+            node,
+            f"GPU agents still running: {', '.join(pods)} (does their DaemonSet exclude {label}=stopped?)",
+        )
+    return {"free": [n for n in nodes if n not in failed], "failed": failed}
+
+
+def reset_scope(
+    infos: Mapping[str, Any], nodes: Iterable[str], scope: str, gpu: Any, nvswitch: str
+) -> dict[str, list[str]]:
+    """Which nodes reset every GPU together (`all`) and which only `gpu` (`one`). auto: one GPU
+    only when a GPU is named and the node's product label (nvidia.com/gpu.product, from GPU
+    feature discovery) is known and not an NVSwitch baseboard (matching `nvswitch`); NVIDIA resets
+    the GPUs of an NVSwitch system together (docs/runbook.md, "The recovery ladder")."""
+    out: dict[str, list[str]] = {"all": [], "one": []}
+    for node in nodes:
+        labels = ((infos.get(node) or {}).get("labels") or {}) if isinstance(infos, Mapping) else {}
+        product = str(labels.get("nvidia.com/gpu.product") or "")
+        single = gpu is not None and (
+            scope == "gpu" or (scope == "auto" and product and not re.search(nvswitch, product))
+        )
+        out["one" if single else "all"].append(node)
+    return out
 
 
 def command_outcome(results: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -79,6 +158,8 @@ class FilterModule:
         return {
             "health_result": health_result,
             "dcgm_result": dcgm_result,
+            "holders_outcome": holders_outcome,
+            "reset_scope": reset_scope,
             "command_outcome": command_outcome,
             "batch_results": batch_results,
         }

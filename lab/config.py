@@ -32,6 +32,7 @@ PORTS = {
     "pool_controller": 7,
     "runner-1": 8,
     "runner-2": 9,
+    "owner-inbox": 10,  # where the runner tells job owners (the demo listens: lab.demo)
     "moto": 12,  # the lab's AWS (lab.aws): moto's server
     "aws": 13,  # the AWS endpoint the lab's clients use: a proxy in front of moto (lab.aws)
     "kube": 20,  # a block of 20 for the control plane

@@ -29,6 +29,8 @@ from autoheal.paths import data_root
 from lab import lab as labmod
 from lab import procs, runner, slurm
 from lab.config import LabConfig
+from lab.sink import WebhookSink
+from remediation.cost import JobCost, incident_cost
 
 EXAMPLES = data_root() / "examples"
 DEMO_GPU, DEMO_XID = 3, 79
@@ -284,8 +286,10 @@ def submit(cfg: LabConfig, ckpt: Path, out: Path, args: str) -> str:
     )
     import subprocess
 
+    # the job's progress file, named in its comment: the runner costs the fault from it
+    comment = f"--comment=progress={ckpt.resolve() / 'progress.jsonl'}"
     res = subprocess.run(
-        ["sbatch", "--parsable", "-o", str(out), str(EXAMPLES / "train.sbatch")],
+        ["sbatch", "--parsable", comment, "-o", str(out), str(EXAMPLES / "train.sbatch")],
         env=env,
         capture_output=True,
         text=True,
@@ -387,6 +391,27 @@ def _trial(
     live: bool,
 ) -> dict[str, Any]:
     ckpt, train_out = side.outputs(rdir)
+    inbox = None if cfg.pods else WebhookSink(cfg.port("owner-inbox")).start()
+    try:
+        return _trial_job(cfg, side, rdir, console, out, timeout, cleanup, live, inbox, ckpt, train_out)
+    finally:
+        if inbox is not None:
+            inbox.stop()
+
+
+def _trial_job(
+    cfg: LabConfig,
+    side: SlurmSide,
+    rdir: Path,
+    console: Console,
+    out: Console,
+    timeout: float,
+    cleanup: bool,
+    live: bool,
+    inbox: WebhookSink | None,
+    ckpt: Path,
+    train_out: Path,
+) -> dict[str, Any]:
     job = side.submit(ckpt, train_out, "--step-time 0.1 --ckpt-every 100")
     how = "over ssh to the login pod" if cfg.pods else "on this host"
     console.print(f"submitted training job {job} (sbatch examples/train.sbatch {how}, 2 nodes x 8 GPUs)")
@@ -418,6 +443,7 @@ def _trial(
         w.pre_fault_step = w.step
         _watch(w, job, timeout, console, live)
         w.poll()
+        news = _owner_news(cfg, inbox, w) if inbox is not None else {}
     finally:
         if w.node in labmod.current_nodes(cfg):
             labmod.inject(cfg, w.node, None, None)
@@ -426,11 +452,40 @@ def _trial(
         if cleanup:
             side.run(["scancel", job])
     out.print(w.table())
-    report = _report(w, rdir, nodes)
+    report = _report(w, rdir, nodes, news)
+    for msg in report["owner_messages"]:
+        out.print(Text(f"told {msg['to']['address']} ({', '.join(msg['kinds'])}): {msg['text']}"))
+    for line in report["cost_lines"]:
+        out.print(Text(f"cost: {line}"))
     out.print(f"report: {report['json']}  chart: {report['png']}")
     if not w.done():
         raise LabError(f"demo: the job did not resume within {timeout:.0f}s; see {train_out}")
     return report
+
+
+OWNER_NEWS_WAIT_S = 30.0  # after the job resumed: the owner loop's resume message and the cost
+
+
+def _owner_news(cfg: LabConfig, inbox: WebhookSink, w: Watch) -> dict[str, Any]:
+    """What the runner told the job's owner (the inbox's deliveries for the job), waited for until
+    the resume message came, and the incident's cost from the journal (remediation/cost.py)."""
+
+    def mine() -> list[dict[str, Any]]:
+        return [d.payload for d in inbox.deliveries if int(w.job) in d.payload.get("jobs", [])]
+
+    deadline = time.monotonic() + OWNER_NEWS_WAIT_S
+    while w.done() and time.monotonic() < deadline:
+        if any("resumed" in m.get("kinds", []) for m in mine()):
+            break
+        time.sleep(0.5)
+    cost: dict[str, Any] = {"gpu_hours": None, "jobs": []}
+    j = runner.open_journal(cfg) if w.incident else None
+    if j is not None and w.incident:
+        try:
+            cost = incident_cost(j.timeline(w.incident))
+        finally:
+            j.close()
+    return {"owner_messages": mine(), "cost": cost}
 
 
 def _fresh_outputs(rdir: Path) -> tuple[Path, Path]:
@@ -478,7 +533,7 @@ def _watch(w: Watch, job: str, timeout: float, console: Console, live: bool) -> 
             time.sleep(0.25)
 
 
-def _report(w: Watch, rdir: Path, nodes: list[str]) -> dict[str, Any]:
+def _report(w: Watch, rdir: Path, nodes: list[str], news: dict[str, Any]) -> dict[str, Any]:
     phases = [
         {
             "phase": key,
@@ -509,6 +564,10 @@ def _report(w: Watch, rdir: Path, nodes: list[str]) -> dict[str, Any]:
             if "spare_promoted" in w.seen and "fenced" in w.seen
             else None
         ),
+        # what the job's owner was told, and what the fault cost (the runner's owner loop)
+        "owner_messages": news.get("owner_messages", []),
+        "cost": news.get("cost", {"gpu_hours": None, "jobs": []}),
+        "cost_lines": [JobCost.from_dict(c).line() for c in news.get("cost", {}).get("jobs", [])],
     }
     js = rdir / "report.json"
     js.write_text(json.dumps(data, indent=2))

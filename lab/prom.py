@@ -49,6 +49,10 @@ def write_config(cfg: LabConfig) -> None:
         f"127.0.0.1:{cfg.port('alertmanager')}",
         interval=cfg.interval,
     )
+    if cfg.runner and not cfg.pods:  # the runner's own metrics, as a user's Prometheus scrapes them
+        targets = [f"127.0.0.1:{cfg.port(s)}" for s in cfg.runner_services]
+        runner_job = {"job_name": "autoheal-runner", "static_configs": [{"targets": targets}]}
+        prom["scrape_configs"].append(runner_job)
     (d / "prometheus.yml").write_text(yaml.safe_dump(prom, sort_keys=False))
     am = alertmanager_config(cfg, token)
     (d / "alertmanager.yml").write_text(yaml.safe_dump(am, sort_keys=False))

@@ -88,12 +88,14 @@ def read_progress(events: Iterable[Mapping[str, Any]], fault_ts: float) -> Progr
             resumed_ts = float(ts)
     fault_step = max((s for _, s in before), default=None)
     recompute: float | None = None
-    if ckpt_step is not None and fault_step is not None:
+    if ckpt_step is not None and fault_step is not None and ckpt_step >= fault_step:
+        recompute = 0.0  # a checkpoint at (or after: the SIGTERM one) the last step reported
+    elif ckpt_step is not None and fault_step is not None:
         # the work past the checkpoint: from when the job first reached ckpt_step to its last step
         reached = [ts for ts, s in before if s >= ckpt_step]
         last = max((ts for ts, s in before if s == fault_step), default=None)
         if reached and last is not None:
-            recompute = max(0.0, last - min(reached)) if fault_step > ckpt_step else 0.0
+            recompute = max(0.0, last - min(reached))
     return Progress(resumed_ts, ckpt_step, fault_step, recompute)
 
 

@@ -119,7 +119,7 @@ class OwnerLoop(LeaderLoop):
         infos = self.slurm.jobs({h.job for h in hits}) if hits else {}
         notices = [n for h in hits for n in self._news(h, infos.get(h.job), now)]
         sent = self._send(self._batcher.due(notices, now), infos)
-        self._effective_training(now)
+        self._effective_training(hits, now)
         return sent
 
     def _hits(self, now: float) -> list[Hit]:
@@ -285,12 +285,12 @@ class OwnerLoop(LeaderLoop):
                 )
 
     # effective training time ------------------------------------------------------------------
-    def _effective_training(self, now: float) -> None:
+    def _effective_training(self, hits: list[Hit], now: float) -> None:
         window = self.settings.cost_window_seconds
+        # the settled incidents' costs, and those of the jobs this pass looked at (with the one
+        # _cost() just recorded): no second read of the journal
         costs = [c for cs in self._settled.values() for c in cs]
-        for inc in self.journal.incidents():
-            if inc.id not in self._settled and inc.opened_at >= now - window:
-                costs += costs_from(self.journal.timeline(inc.id))
+        costs += [h.cost for h in hits if h.cost is not None]
         lost = lost_in_window(costs, now, window)
         self._pools |= set(lost) | {c.pool for c in costs}
         for pool in sorted(self._pools):

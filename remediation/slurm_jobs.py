@@ -3,7 +3,7 @@ who owns each job, its GPUs, whether it runs again (where, since when), and the 
 file when the job names one.
 
 `scontrol show job -o <id>` (one line of Key=Value per job; the same in Slurm 22.05 and later) and
-`scontrol show partition -o <pool>` with the runner's slurm.conf. A job names its progress file in
+`sinfo -p <pool>` with the runner's slurm.conf. A job names its progress file in
 its comment (`sbatch --comment=progress=/abs/path/progress.jsonl`, as the demo does); the runner
 reads it only under the configured `owners.progress_roots`, since the comment is the job owner's
 text.
@@ -135,15 +135,26 @@ class SlurmJobs:
         return out
 
     def pool_gpus(self, pool: str) -> int:
-        """GPUs of the pool's partition (its TRES gres/gpu); 0 when there is no such partition."""
+        """GPUs of the pool's partition: its nodes' GPU GRES (`sinfo -p POOL -o "%D|%G"`: each
+        group's node count x its gpu count); 0 when there is no such partition."""
         at, n = self._sizes.get(pool, (float("-inf"), 0))
         if time.monotonic() - at < self._cache_seconds:
             return n
-        res = self._run("scontrol", "show", "partition", "-o", pool)
-        m = re.search(r"gres/gpu=(\d+)", _field(res.stdout, "TRES")) if res.returncode == 0 else None
-        n = int(m.group(1)) if m else 0
+        res = self._run("sinfo", "-h", "-p", pool, "-o", "%D|%G")
+        n = pool_gpus_of(res.stdout) if res.returncode == 0 else 0
         self._sizes[pool] = (time.monotonic(), n)
         return n
+
+
+def pool_gpus_of(sinfo: str) -> int:
+    """Sum of nodes x GPUs over `%D|%G` lines ("6|gpu:h100:8", "2|gpu:8(S:0-1),shard:4")."""
+    total = 0
+    for line in sinfo.splitlines():
+        count, _sep, gres = line.partition("|")
+        m = re.search(r"(?:^|,)gpu(?::[A-Za-z0-9_.-]+)?:(\d+)", gres)
+        if count.strip().isdigit() and m:
+            total += int(count) * int(m.group(1))
+    return total
 
 
 def read_progress_file(path: Path | None, roots: Iterable[Path]) -> list[dict[str, Any]] | None:

@@ -143,6 +143,13 @@ def test_demo_gpu_dies_and_job_resumes(tmp_path: Path) -> None:
         assert events[restart]["step"] == ckpts[-1] > 0, "the requeued run did not load the last checkpoint"
         assert resumed[0] == ckpts[-1] + 1
         assert report["final_step"] > report["pre_fault_step"]
+
+        # the job's owner was told, twice: hit, then resumed (issue 37)
+        _check_owner_messages(report, node, ckpts[-1])
+        # what the fault cost, checked against the incident's own timeline and the job's progress
+        _check_cost(cfg, report, events[restart:], ckpts[-1])
+        # every query of the dashboard returns data from the lab's real Prometheus
+        _check_dashboard(cfg, report)
         assert time.monotonic() - t0 < 240, "the short demo must stay under 4 minutes"
     finally:
         if watch is not None:
@@ -154,3 +161,71 @@ def _spares(cfg: LabConfig) -> list[str]:
     return [
         n for n, s in slurm.node_states(cfg).items() if "DRAIN" in s["state"] and s["reason"] == SPARE_REASON
     ]
+
+
+def _check_owner_messages(report: dict[str, Any], node: str, ckpt_step: int) -> None:
+    job = int(report["job"])
+    by_kind = {k: m for m in report["owner_messages"] for k in m["kinds"]}
+    assert set(by_kind) == {"hit", "resumed"}, report["owner_messages"]
+    assert len(report["owner_messages"]) == 2, "one message per piece of news, none twice"
+    hit, resumed = by_kind["hit"], by_kind["resumed"]
+    assert hit["jobs"] == [job] and hit["to"]["kind"] == "email"
+    assert f"XID 79 (gpu-fatal) on GPU 3 on {node}: job(s) {job}" in hit["text"], hit["text"]
+    assert "nothing is asked of you" in hit["text"]
+    assert (
+        f"Job {job} runs again on {report['nodes_after']} from checkpoint step {ckpt_step}, down "
+        in (resumed["text"])
+    ), resumed["text"]
+
+
+def _check_cost(cfg: LabConfig, report: dict[str, Any], after: list[dict[str, Any]], ckpt_step: int) -> None:
+    from remediation.journal import Journal
+
+    (cost,) = report["cost"]["jobs"]
+    j = Journal(runner.journal_path(cfg))
+    try:
+        inc = j.incident(report["incident"])
+        starts = [a["starts_at"] for a in j.alerts(report["incident"])]
+    finally:
+        j.close()
+    assert inc is not None and starts
+    first_step = next(e["ts"] for e in after if e["event"] == "first_step")
+    # the fault: the alert's startsAt (after the injection, before the runner opened the incident)
+    assert cost["fault_ts"] == min(starts) <= inc.opened_at
+    assert report["phases"][0]["ts"] - 1 <= cost["fault_ts"]
+    assert cost["resumed_ts"] == first_step  # the job's own first step after the resume
+    assert cost["down_s"] == pytest.approx(first_step - cost["fault_ts"])
+    assert cost["gpus"] == 16 and cost["ckpt_step"] == ckpt_step  # 2 nodes x 8 GPUs
+    assert cost["recompute_s"] is not None and cost["recompute_s"] >= 0
+    hours = 16 * (cost["down_s"] + cost["recompute_s"]) / 3600
+    assert cost["gpu_hours"] == pytest.approx(hours, abs=1e-6) == report["cost"]["gpu_hours"]
+    for msg in report["owner_messages"]:  # shown with -s: what the researcher read
+        print(f"owner message ({', '.join(msg['kinds'])}): {msg['text']}")
+    print(f"cost: {report['cost_lines'][0]} (fault at the alert's startsAt, resumed at the job's first step)")
+
+
+def _check_dashboard(cfg: LabConfig, report: dict[str, Any]) -> None:
+    """Each panel's PromQL against the lab's Prometheus (which scrapes the runner): data for every
+    one but the spare keeper's (off in this lab: its query must still be valid PromQL)."""
+    import httpx
+
+    from remediation import dashboard
+
+    def results() -> dict[str, list[dict[str, Any]]]:
+        out = {}
+        for _title, expr, _needs in dashboard.queries():
+            r = httpx.get(cfg.url("prometheus", "/api/v1/query"), params={"query": expr}, timeout=5).json()
+            assert r["status"] == "success", (expr, r)
+            out[expr] = r["data"]["result"]
+        return out
+
+    deadline = time.monotonic() + 20
+    while True:
+        got = results()
+        empty = [e for _t, e, needs in dashboard.queries() if not needs and not got[e]]
+        if not empty or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert not empty, f"dashboard queries without data after the fault: {empty}"
+    lost = got["sum by (pool, fault_class) (autoheal_gpu_hours_lost_total)"]
+    assert float(lost[0]["value"][1]) == pytest.approx(report["cost"]["gpu_hours"], rel=1e-6)

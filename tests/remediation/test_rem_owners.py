@@ -25,7 +25,7 @@ from remediation.metrics import Metrics
 from remediation.notify import Notifier
 from remediation.owner_loop import NOTICE_PHASE, OwnerLoop, SinkDown
 from remediation.owners import Contact, OwnerDirectory
-from remediation.slurm_jobs import JobInfo, parse_job
+from remediation.slurm_jobs import JobInfo, parse_job, pool_gpus_of
 from remediation.states import IncidentState
 from tests.remediation.remhelp import free_port, open_incident
 
@@ -362,4 +362,46 @@ def test_parse_scontrol_show_job() -> None:
     assert j.progress_path == Path("/ck/progress.jsonl") and j.mail_user == "alice@example.org"
     assert j.start_ts is not None
     no_tres = parse_job(line.replace("gres/gpu=16", ""))
-    assert no_tres is not None and no_tres.gpus == 16  # TresPerNode x NumNodes
+    assert no_tres is not None and no_tres.gpus == 16  # TresPerNode x NumNodes (Slurm 22.05's way)
+    # a pool's GPUs, from `sinfo -p POOL -o "%D|%G"` (22.05's partition TRES has no gres)
+    assert pool_gpus_of("6|gpu:h100:8\n2|gpu:8(S:0-1),shard:4\n1|(null)\n") == 64
+
+
+def test_a_job_that_left_before_the_play_looked_keeps_its_nodes(tmp_path: Path) -> None:
+    """The warm fence signals a job and its requeue runs before the play lists the jobs: Slurm then
+    shows it pending on no node. The run's ledger keeps its nodes from the signal, so the play's
+    `requeued` report names it under its node (and the owner loop finds it)."""
+    from tests.runbook.conftest import plugin
+
+    ledger_mod = plugin("module_utils.slurm_signal")
+    jobs_mod = plugin("modules.slurm_jobs")
+    path = str(tmp_path / "signalled.json")
+    with ledger_mod.SignalLedger(path) as ledger:
+        ledger.add([7], T0, {7: ["gpu-1", "gpu-2"], 8: ["gpu-9"]})
+    left = {"job_id": 7, "nodes": []}
+    other = {"job_id": 9, "nodes": []}
+    out = jobs_mod.with_ledger_nodes([left, other], path)
+    assert out == [{"job_id": 7, "nodes": ["gpu-1", "gpu-2"]}, {"job_id": 9, "nodes": []}]
+    assert json.loads(Path(path).read_text())["nodes"] == {"7": ["gpu-1", "gpu-2"]}  # 8 was not signalled
+    events = plugin("filter.journal_events").evacuation_events(
+        {"jobs": out, "requeued_job_ids": [7], "signalled_at": T0}, ["gpu-1"], {"gpu-1": "inc-1"}
+    )
+    assert [e["detail"] for e in events] == ["jobs 7", "requeued 7"]
+
+
+def test_a_sigterm_checkpoint_past_the_last_reported_step_loses_no_work() -> None:
+    """The job kept training after the fault until its SIGTERM checkpoint (step 79; its last step
+    record before the fault was 60): nothing is recomputed, only the down time counts."""
+    from remediation.cost import job_cost, read_progress
+
+    events = [
+        {"ts": T0 - 2.0, "event": "step", "step": 60},
+        {"ts": T0 + 1.5, "event": "checkpoint", "step": 79, "reason": "sigterm"},
+        {"ts": T0 + 20.0, "event": "start", "step": 79, "restart": 1},
+        {"ts": T0 + 30.0, "event": "first_step", "step": 80, "restart": 1},
+    ]
+    p = read_progress(events, T0)
+    assert (p.fault_step, p.ckpt_step, p.recompute_s, p.resumed_ts) == (60, 79, 0.0, T0 + 30.0)
+    cost = job_cost(1, 16, T0, T0 + 20.0, p, "h100")
+    assert cost.gpu_hours == pytest.approx(16 * 30 / 3600)
+    assert cost.line() == "job 1: 16 GPUs x (30.0 s down + 0.0 s recomputed) = 0.1333 GPU-h"

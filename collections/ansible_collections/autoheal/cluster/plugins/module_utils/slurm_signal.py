@@ -98,6 +98,9 @@ class SignalLedger:
         self.path = path
         self.jobs: dict[int, float] = {}  # job id -> when it was signalled
         self.requeued: dict[int, float] = {}  # job id -> when it was requeued
+        # job id -> its nodes when signalled: a job that has left shows none in squeue, and the
+        # journal still says which node's jobs were requeued (and the runner tells their owners)
+        self.nodes: dict[int, list[str]] = {}
         self._fd: int | None = None
 
     def __enter__(self) -> SignalLedger:
@@ -111,12 +114,15 @@ class SignalLedger:
                 data = {}  # torn by a crash mid-write: signal again rather than lose a requeue
             self.jobs = {int(k): float(v) for k, v in (data.get("signalled") or {}).items()}
             self.requeued = {int(k): float(v) for k, v in (data.get("requeued") or {}).items()}
+            self.nodes = {int(k): [str(n) for n in v] for k, v in (data.get("nodes") or {}).items()}
         return self
 
-    def add(self, ids: list[int], at: float) -> None:
-        """Record jobs signalled at `at`."""
+    def add(self, ids: list[int], at: float, nodes: dict[int, list[str]] | None = None) -> None:
+        """Record jobs signalled at `at` (and, given, the nodes each ran on)."""
         for i in ids:
             self.jobs.setdefault(i, at)
+            if nodes and nodes.get(i):
+                self.nodes.setdefault(i, list(nodes[i]))
         self._save()
 
     def add_requeued(self, ids: list[int], at: float) -> None:
@@ -130,6 +136,7 @@ class SignalLedger:
         data = {
             "signalled": {str(k): v for k, v in sorted(self.jobs.items())},
             "requeued": {str(k): v for k, v in sorted(self.requeued.items())},
+            "nodes": {str(k): v for k, v in sorted(self.nodes.items())},
         }
         raw = json.dumps(data).encode()
         os.ftruncate(self._fd, 0)

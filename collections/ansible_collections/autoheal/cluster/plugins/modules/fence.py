@@ -336,7 +336,7 @@ def signal_jobs(module: Any, slurm: Slurm, kube: Kube | None, nodes: list[str]) 
             if fresh:
                 signal(slurm, fresh, module.params["signal"], out)
                 if out.pop("signal_stderr", None) is None:
-                    ledger.add(fresh, out["signalled_at"])
+                    ledger.add(fresh, out["signalled_at"], {j["job_id"]: j["nodes"] for j in out["jobs"]})
                 else:
                     out["error"] = "scancel failed; slurm_jobs signals them"
             for j in out["jobs"]:

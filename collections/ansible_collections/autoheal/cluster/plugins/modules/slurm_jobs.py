@@ -252,6 +252,19 @@ def find_jobs(
     return [job_record(j) for j in found]
 
 
+def with_ledger_nodes(records: list[dict[str, Any]], ledger_path: str | None) -> list[dict[str, Any]]:
+    """A job that left before this listing (requeued: pending, no nodes) gets the nodes the run's
+    ledger recorded when it was signalled, so the report says which node's jobs these were."""
+    if not ledger_path or all(r["nodes"] for r in records):
+        return records
+    with SignalLedger(ledger_path) as ledger:
+        known = dict(ledger.nodes)
+    for r in records:
+        if not r["nodes"] and known.get(r["job_id"]):
+            r["nodes"] = known[r["job_id"]]
+    return records
+
+
 def job_states(slurm: Slurm, ids: list[int]) -> dict[int, str] | None:
     """{id: state} of the jobs Slurm still lists, from squeue's cheapest output; None when squeue
     could not answer (a job it no longer knows is simply absent)."""
@@ -380,7 +393,8 @@ def main() -> None:
         module.fail_json(msg="grace_seconds must be >= 0")
     slurm = Slurm(module)
     earlier = set(p["signalled_job_ids"])
-    result = new_result(slurm, find_jobs(slurm, nodes, earlier, p["started_before"]))
+    found = find_jobs(slurm, nodes, earlier, p["started_before"])
+    result = new_result(slurm, with_ledger_nodes(found, p["signal_ledger"]))
     if p["action"] == "list" or not result["jobs"]:
         module.exit_json(**result)
     do_requeue = p["action"] == "evacuate" and p["requeue"]

@@ -185,6 +185,10 @@ def run_ladder(env: dict[str, Any], name: str, incidents: dict[str, str], **extr
     got["events"] = (
         [json.loads(line) for line in journal.read_text().splitlines()] if journal.exists() else []
     )
+    for e in got["events"]:  # the ladder's table, in the test's output (-s)
+        print(
+            f"[ladder {name}] {e['node']} {e['incident']} {e['phase']} {e['status']}: {e.get('detail', '')[:200]}"
+        )
     return got
 
 

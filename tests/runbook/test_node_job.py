@@ -119,7 +119,18 @@ def test_results_completed_failed_with_exit_code_deadline_and_running() -> None:
     )
     assert failed["ok"] is False and failed["exit_code"] == 3
     assert failed["reason"] == "Failed exit 3: GPU 0 is busy"
-    hung = nj.outcome(_job(("Failed", "DeadlineExceeded")), [_pod("Failed")], 60)
+    never = nj.outcome(
+        _job(("Failed", "DeadlineExceeded")),
+        [
+            _pod(
+                "Pending",
+                containerStatuses=[{"state": {"waiting": {"reason": "ErrImagePull", "message": "no"}}}],
+            )
+        ],
+        60,
+    )
+    assert never["reason"] == "DeadlineExceeded: never started within 60 s: ErrImagePull: no", never
+    hung = nj.outcome(_job(("Failed", "DeadlineExceeded")), [_pod("Running")], 60)
     assert hung["ok"] is False and hung["reason"].startswith("DeadlineExceeded: not finished within 60 s")
     refused = nj.outcome(
         _job(("Failed", "BackoffLimitExceeded")),

@@ -228,4 +228,6 @@ def _check_dashboard(cfg: LabConfig, report: dict[str, Any]) -> None:
         time.sleep(1)
     assert not empty, f"dashboard queries without data after the fault: {empty}"
     lost = got["sum by (pool, fault_class) (autoheal_gpu_hours_lost_total)"]
-    assert float(lost[0]["value"][1]) == pytest.approx(report["cost"]["gpu_hours"], rel=1e-6)
+    assert float(lost[0]["value"][1]) == pytest.approx(
+        report["cost"]["gpu_hours"], abs=1e-5
+    )  # journal: 6 places

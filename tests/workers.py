@@ -47,6 +47,7 @@ SHARED: dict[str, tuple[str, ...]] = {
     "tests/k8s_runner": ("test_cordon_sync.py", "test_fleet_loops.py", "test_incluster.py", "test_rbac.py"),
     "tests/lab": ("test_example_job.py", "test_lab_alerts.py", "test_lab_pool.py", "test_lab_slurm.py"),
     "tests/nodes": (
+        "test_evidence_real.py",
         "test_ladder_jobs.py",
         "test_preflight_real.py",
         "test_real_nodes.py",

@@ -188,7 +188,7 @@ def test_a_failed_or_cut_job_is_recorded_with_its_reason_and_its_text_is_bounded
 
 
 def test_evidence_nodes_gives_each_node_its_job_or_why_there_is_none():
-    jobs = {"results": {"gpu-1": {"ok": True, "logs": "x", "exit_code": 0, "reason": "", "job": "j"}}}
+    jobs = {"node_results": {"gpu-1": {"ok": True, "logs": "x", "exit_code": 0, "reason": "", "job": "j"}}}
     out = evidence_filter.evidence_nodes(["gpu-1", "gpu-2"], {}, [], {}, jobs)
     assert out[0]["report"]["ok"] is True
     assert out[1]["report"]["ok"] is False and "no result" in out[1]["report"]["reason"]

@@ -52,14 +52,14 @@ def evidence_nodes(
 
 
 def job_report(jobs: Mapping[str, Any], node: str) -> dict[str, Any]:
-    """The node's entry of node_job's results, or a failed one saying why there is none (the
-    task was skipped, or the module failed before it had results)."""
-    results = jobs.get("results") if isinstance(jobs, Mapping) else None
+    """The node's entry of node_job's node_results, or a failed one saying why there is none (the
+    task was skipped, or the module failed before it had node_results)."""
+    results = jobs.get("node_results") if isinstance(jobs, Mapping) else None
     got = results.get(node) if isinstance(results, Mapping) else None
     if isinstance(got, Mapping):
         return dict(got)
     if not isinstance(jobs, Mapping) or jobs.get("skipped"):
-        why = "the evidence Job was not started (no kubeconfig: autoheal_kubeconfig)"
+        why = "the evidence Job was not started"
     else:
         why = str(jobs.get("msg") or "node_job returned no result for this node")[:300]
     return {"ok": False, "exit_code": None, "reason": why, "logs": "", "job": ""}

@@ -86,7 +86,7 @@ def split_report(logs: str) -> tuple[dict[str, str], dict[str, int | None]]:
 
 
 def node_report(result: Any) -> tuple[dict[str, str], dict[str, Any], list[str]]:
-    """A node's evidence Job (one entry of node_job's `results`): the bundle's files, the summary's
+    """A node's evidence Job (one entry of node_job's `node_results`): the bundle's files, the summary's
     record of the Job and what is missing (with the Job's reason)."""
     if not isinstance(result, Mapping):
         return {}, {"ran": False}, ["node_report: no evidence Job result for this node"]

@@ -77,7 +77,7 @@ options:
         default: {}
       report:
         description:
-          - The node's evidence Job, as one entry of the C(results) of
+          - The node's evidence Job, as one entry of the C(node_results) of
             P(autoheal.cluster.node_job#module) (C({ok, exit_code, reason, logs, job})); its logs are
             cut into the sections the Job's script marks with C(### autoheal-evidence <command>)
             and C(### autoheal-evidence rc=<n>) - C(nvidia-smi -q) and C(dcgmi health -c -j).
@@ -118,7 +118,7 @@ options:
     type: dict
     default: {}
   report:
-    description: The evidence Job of O(node) (one entry of P(autoheal.cluster.node_job#module)'s C(results)).
+    description: The evidence Job of O(node) (P(autoheal.cluster.node_job#module)'s C(node_results) entry).
     type: dict
     version_added: 0.3.0
   kernel_lines:
@@ -186,7 +186,7 @@ EXAMPLES = r"""
     nodes:
       - node: gpu-3
         incident_id: inc-0123456789ab
-        report: "{{ evidence_jobs.results['gpu-3'] }}"
+        report: "{{ evidence_jobs.node_results['gpu-3'] }}"
     xid: 79
     dir: /var/lib/autoheal/evidence
     kernel_lines: /var/lib/autoheal/runs/12/kernel-lines.json

@@ -405,3 +405,59 @@ def test_a_sigterm_checkpoint_past_the_last_reported_step_loses_no_work() -> Non
     cost = job_cost(1, 16, T0, T0 + 20.0, p, "h100")
     assert cost.gpu_hours == pytest.approx(16 * 30 / 3600)
     assert cost.line() == "job 1: 16 GPUs x (30.0 s down + 0.0 s recomputed) = 0.1333 GPU-h"
+
+
+def test_incident_show_and_incidents_json_carry_the_cost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from remediation.cli import register
+    from remediation.cost import job_cost, read_progress
+    from tests.remediation.remhelp import write_config
+
+    monkeypatch.setenv("AUTOHEAL_CONFIG", str(write_config(tmp_path)))
+    app = typer.Typer()
+    register(app)
+    j = Journal(tmp_path / "journal.sqlite")
+    iid = requeue(j, "gpu-1", [71])
+    events = json.loads("[" + ",".join(progress_file(tmp_path / "p.jsonl").read_text().splitlines()) + "]")
+    cost = job_cost(71, 16, T0, T0 + 38, read_progress(events, T0), "h100")
+    with j.transaction() as tx:
+        tx.timeline(iid, COST_PHASE, "ok", source="runner", detail=json.dumps(cost.as_dict()))
+    j.close()
+    shown = CliRunner().invoke(app, ["incident", "show", iid])
+    assert shown.exit_code == 0, shown.output
+    assert "cost: job 71: 16 GPUs x (42.5 s down + 5.0 s recomputed) = 0.2111 GPU-h" in shown.output
+    listed = CliRunner().invoke(app, ["incidents", "--json"])
+    (row,) = json.loads(listed.output)
+    assert row["cost"]["gpu_hours"] == pytest.approx(16 * 47.5 / 3600, abs=1e-6)
+    assert row["cost"]["jobs"][0]["ckpt_step"] == 100
+
+
+def test_the_dashboard_renders_and_reads_only_the_runners_metrics(tmp_path: Path) -> None:
+    """`autoheal dashboard --out`: Grafana's JSON with a panel per spec, and every metric a query
+    names is one the runner exports (its values against a real Prometheus: tests/e2e/test_demo.py)."""
+    import re
+
+    import typer
+    from typer.testing import CliRunner
+
+    from remediation import dashboard
+    from remediation.cli import register
+
+    app = typer.Typer()
+    register(app)
+    out = tmp_path / "autoheal.json"
+    res = CliRunner().invoke(app, ["dashboard", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    board = json.loads(out.read_text())
+    assert board["uid"] == dashboard.UID and len(board["panels"]) == len(dashboard.PANELS)
+    exprs = {t["expr"] for p in board["panels"] for t in p["targets"]}
+    assert exprs == {q for _t, q, _n in dashboard.queries()}
+    assert all(t["datasource"]["uid"] == "${datasource}" for p in board["panels"] for t in p["targets"])
+    families = Metrics().registry.collect()
+    exported = {f.name + end for f in families for end in ("", "_total", "_bucket", "_count", "_sum")}
+    named = {n for e in exprs for n in re.findall(r"\b(autoheal_[a-z_]+)", e)}
+    assert named <= exported, named - exported

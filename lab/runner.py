@@ -255,7 +255,8 @@ def owner_settings(cfg: LabConfig, d: Path) -> dict[str, Any]:
     directory = d / "owners.yaml"
     directory.write_text(yaml.safe_dump({user: {"email": f"{user}@example.org"}}))
     return {
-        "sink": {"kind": "webhook", "url": cfg.url("owner-inbox", "/owners"), "retries": 2},
+        # no retry in the lab: nobody listens but the demo, and the loop tries again each pass
+        "sink": {"kind": "webhook", "url": cfg.url("owner-inbox", "/owners"), "retries": 0},
         "directory": str(directory),
         "interval_seconds": 1.0,
         "quiet_seconds": 1.0,

@@ -2,7 +2,7 @@
 who owns each job, its GPUs, whether it runs again (where, since when), and the job's own progress
 file when the job names one.
 
-`scontrol show job -o <id>` (one line of Key=Value per job; the same in Slurm 22.05 and later) and
+`scontrol show job -o` (one line of Key=Value per job; the same in Slurm 22.05 and later) and
 `sinfo -p <pool>` with the runner's slurm.conf. A job names its progress file in
 its comment (`sbatch --comment=progress=/abs/path/progress.jsonl`, as the demo does); the runner
 reads it only under the configured `owners.progress_roots`, since the comment is the job owner's
@@ -118,20 +118,20 @@ class SlurmJobs:
         )
 
     def jobs(self, ids: Iterable[int]) -> dict[int, JobInfo]:
-        """The jobs Slurm still knows (a job purged after it ended is left out)."""
+        """The jobs Slurm still knows (a job purged after it ended is left out): one call for
+        every job (a storm's hundreds of jobs cost one scontrol, not one each)."""
+        wanted = set(ids)
+        if not wanted:
+            return {}
+        res = self._run("scontrol", "show", "job", "-o")
+        if res.returncode != 0:
+            why = res.stderr.strip()[:300]
+            raise RuntimeError(f"scontrol show job: rc={res.returncode}: {why}")
         out: dict[int, JobInfo] = {}
-        for job_id in sorted(set(ids)):
-            res = self._run("scontrol", "show", "job", "-o", str(job_id))
-            if res.returncode != 0:
-                if "Invalid job id" in res.stderr:
-                    continue
-                raise RuntimeError(
-                    f"scontrol show job {job_id}: rc={res.returncode}: {res.stderr.strip()[:300]}"
-                )
-            for line in res.stdout.splitlines():
-                job = parse_job(line)
-                if job is not None:
-                    out[job.job_id] = job
+        for line in res.stdout.splitlines():
+            job = parse_job(line)
+            if job is not None and job.job_id in wanted:
+                out[job.job_id] = job
         return out
 
     def pool_gpus(self, pool: str) -> int:

@@ -66,7 +66,7 @@ def test_dcgm_result_passes_only_a_completed_job_whose_json_lists_no_failed_test
     }
     failed = ladder.dcgm_result(_diag(False, DIAG))
     assert failed["healthy"] is False
-    assert failed["failures"] == ["dcgmi diag: Failed exit 1: x", "Memory on GPU 1: Fail (DBE on GPU 1)"]
+    assert failed["failures"] == ["dcgmi diag exited 1", "Memory on GPU 1: Fail (DBE on GPU 1)"]
     # exit 0 without results, or without JSON, never passes
     empty = ladder.dcgm_result(_diag(True, {"DCGM GPU Diagnostic": {"version": "4"}}))
     assert empty["healthy"] is False and "no test results" in empty["failures"][0]

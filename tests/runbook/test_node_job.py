@@ -130,6 +130,9 @@ def test_results_completed_failed_with_exit_code_deadline_and_running() -> None:
         60,
     )
     assert never["reason"] == "DeadlineExceeded: never started within 60 s: ErrImagePull: no", never
+    # the controller removed the pod: no telling whether it ran, so no claim that it never did
+    gone = nj.outcome(_job(("Failed", "DeadlineExceeded")), [], 60)
+    assert gone["reason"].startswith("DeadlineExceeded: not finished within 60 s"), gone
     hung = nj.outcome(_job(("Failed", "DeadlineExceeded")), [_pod("Running")], 60)
     assert hung["ok"] is False and hung["reason"].startswith("DeadlineExceeded: not finished within 60 s")
     refused = nj.outcome(

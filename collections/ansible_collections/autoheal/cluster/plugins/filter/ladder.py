@@ -75,8 +75,9 @@ def dcgm_result(res: Mapping[str, Any] | str) -> dict[str, Any]:
     if res.get("ok") and tests == []:
         return {"healthy": True, "failures": []}
     failures = [] if res.get("ok") else [f"dcgmi diag: {res.get('reason') or 'did not run'}"]
-    if tests:
-        failures += tests
+    if tests:  # the failed tests say more than the output's last line
+        code = res.get("exit_code")
+        failures = ([] if res.get("ok") else [f"dcgmi diag exited {code}"]) + tests
     elif res.get("ok"):
         failures.append("dcgmi diag exited 0 but printed no test results (dcgmi diag -j)")
     return {"healthy": False, "failures": failures}

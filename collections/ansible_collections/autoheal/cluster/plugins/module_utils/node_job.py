@@ -166,8 +166,11 @@ def _failure(job: Obj, cond: Obj, pod: Obj | None, timeout: int) -> tuple[int | 
     term = terminated(pod)
     code = int(term["exitCode"]) if term and term.get("exitCode") is not None else None
     if cond.get("reason") == "DeadlineExceeded":
-        if term is None and (
-            pod is None or ((pod.get("status") or {}).get("phase") or "Pending") == "Pending"
+        # a pod still there and Pending never ran (a pod gone tells nothing: the controller removes it)
+        if (
+            term is None
+            and pod is not None
+            and ((pod.get("status") or {}).get("phase") or "Pending") == "Pending"
         ):
             return None, one_line(f"DeadlineExceeded: never started within {timeout} s: {pending_why(pod)}")
         return code, f"DeadlineExceeded: not finished within {timeout} s (the Job was stopped)"

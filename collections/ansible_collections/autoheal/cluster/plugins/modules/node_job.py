@@ -12,7 +12,7 @@ description:
   - For each node, one Job (one pod, never retried) runs O(command) in O(image) on that node, with
     O(gpus) GPUs allocated to it through the scheduler and every taint tolerated (the node is
     cordoned and quarantined). The Jobs of the batch run side by side; the module waits for all.
-  - It reports the truth per node in RV(results) - C(ok) only for a pod that ran and exited 0. A Job
+  - It reports the truth per node in RV(node_results) - C(ok) only for a pod that ran and exited 0. A Job
     that failed (with its exit code and last output line), ran past O(timeout), stayed Pending past
     O(pending_timeout) (with the scheduler's or the kubelet's reason), or could not be created or
     read (an API error such as 403 Forbidden) is a failed node naming the cause, never a module
@@ -84,7 +84,7 @@ options:
     type: bool
     default: false
   log_bytes:
-    description: How much of the end of the pod's log RV(results) carries per node.
+    description: How much of the end of the pod's log RV(node_results) carries per node.
     type: int
     default: 8192
   poll:

@@ -51,7 +51,7 @@ from remediation.slurm_jobs import JobInfo, JobSource, SlurmJobs, read_progress_
 
 log = logging.getLogger(__name__)
 NOTICE_PHASE = "owner_notified"
-REQUEUED = re.compile(r"^requeued ([0-9,]+)")
+REQUEUED = re.compile(r"requeued ([0-9,]+)")  # a prefix: match() anchors the start
 NO_CONTACT = "on-call (no contact)"
 
 

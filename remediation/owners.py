@@ -41,9 +41,9 @@ def parse_contact(value: Any, where: str) -> Contact:
     """{email: a@b.c} or {slack: U123ABC}; a clear error naming the entry otherwise."""
     if isinstance(value, dict) and len(value) == 1:
         ((kind, address),) = value.items()
-        if kind == "email" and isinstance(address, str) and EMAIL.match(address):
+        if kind == "email" and isinstance(address, str) and EMAIL.fullmatch(address):
             return Contact("email", address)
-        if kind == "slack" and isinstance(address, str) and SLACK_ID.match(address):
+        if kind == "slack" and isinstance(address, str) and SLACK_ID.fullmatch(address):
             return Contact("slack", address)
     raise RunnerConfigError(
         f"{where}: a contact is {{email: name@example.org}} or {{slack: U0123ABCD}} (a Slack user id);"
@@ -67,7 +67,7 @@ class OwnerDirectory:
             raise RunnerConfigError(f"{path}: the owner directory maps Slurm users to contacts")
         entries = {}
         for user, value in data.items():
-            if not isinstance(user, str) or not SLURM_USER.match(user):
+            if not isinstance(user, str) or not SLURM_USER.fullmatch(user):
                 raise RunnerConfigError(f"{path}: {str(user)[:70]!r} is not a Slurm user name")
             entries[user] = parse_contact(value, f"{path}: {user}")
         return cls(entries, mail_user)
@@ -75,7 +75,7 @@ class OwnerDirectory:
     def contact(self, user: str, mail_user: str = "") -> Contact | None:
         if user in self.entries:
             return self.entries[user]
-        if self.mail_user and EMAIL.match(mail_user):
+        if self.mail_user and EMAIL.fullmatch(mail_user):
             return Contact("email", mail_user)
         return None
 

@@ -28,9 +28,12 @@ class SlurmPool:
     gpu_type: str = "h100"
     cpus: int = 2
     real_memory_mb: int = 1000
+    # cloud-style names, `<prefix>-<i>.<domain>` (EKS: ip-10-0-3-17.us-west-2.compute.internal)
+    domain: str = ""
 
     def node_names(self) -> list[str]:
-        return [f"{self.prefix}-{i}" for i in range(1, self.size + self.spares + self.headroom + 1)]
+        suffix = f".{self.domain}" if self.domain else ""
+        return [f"{self.prefix}-{i}{suffix}" for i in range(1, self.size + self.spares + self.headroom + 1)]
 
     def active_nodes(self) -> list[str]:
         return self.node_names()[: self.size]
@@ -148,7 +151,7 @@ def _cluster_lines(spec: SlurmConfSpec) -> list[str]:
         "CredType=cred/munge",
         f"AuthInfo={auth_info}",
         f"StateSaveLocation={spec.state_dir}",
-        f"SlurmdSpoolDir={spec.spool_dir}/slurmd-%n",
+        f"SlurmdSpoolDir={_slurmd_spool(spec)}",
         f"SlurmctldPidFile={spec.run_dir}/slurmctld.pid",
         f"SlurmdPidFile={spec.run_dir}/slurmd-%n.pid",
         f"SlurmctldLogFile={spec.log_dir}/slurmctld.log",
@@ -217,8 +220,20 @@ def _partition_lines(spec: SlurmConfSpec) -> list[str]:
     return lines
 
 
+def _slurmd_spool(spec: SlurmConfSpec) -> str:
+    """Each step's Unix socket is `<SlurmdSpoolDir>/<node>_<job>.<step>`, at most 108 bytes: with
+    the node's name in the directory too, a cloud's name (ip-10-0-3-17.us-west-2.compute.internal)
+    made it 115 and every job's launch failed (`Unix socket path ... is too long`, measured in the
+    pods lab). A dynamic node's slurmd has a spool of its own (its pod's); the host lab runs many
+    slurmd on one host, each in its own directory."""
+    return spec.spool_dir if spec.dynamic else f"{spec.spool_dir}/slurmd-%n"
+
+
 def pool_range(pool: SlurmPool, nodes: Sequence[str]) -> str:
-    """A contiguous run of a pool's nodes as a Slurm hostlist: gpu-[5-9], or gpu-5 alone."""
+    """A contiguous run of a pool's nodes as a Slurm hostlist: gpu-[5-9], or gpu-5 alone; dotted
+    names (a domain) listed one by one, as Slurm ranges only a name's trailing number."""
+    if pool.domain:
+        return ",".join(nodes)
     first, last = nodes[0].rsplit("-", 1)[1], nodes[-1].rsplit("-", 1)[1]
     return nodes[0] if len(nodes) == 1 else f"{pool.prefix}-[{first}-{last}]"
 

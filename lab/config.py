@@ -60,6 +60,9 @@ class PoolConfig(BaseModel):
     # who plays the cloud for this pool: the lab's pool controller, or EC2 + Auto Scaling (moto,
     # lab.aws), whose launches the pool controller turns into lab nodes
     backend: Literal["lab", "aws"] = "lab"
+    # nodes named like a cloud's, `<prefix>-<i>.<domain>` (e.g. us-west-2.compute.internal): dots
+    # in Kubernetes and Slurm node names; the whole name stays a label value (63 characters)
+    domain: str = Field(default="", pattern=r"^([a-z0-9][a-z0-9-]{0,30}(\.[a-z0-9][a-z0-9-]{0,30}){0,3})?$")
 
     def slurm(self) -> SlurmPool:
         return SlurmPool(
@@ -70,7 +73,18 @@ class PoolConfig(BaseModel):
             headroom=self.headroom,
             gpus_per_node=self.gpus_per_node,
             gpu_type=self.gpu_type,
+            domain=self.domain,
         )
+
+    @model_validator(mode="after")
+    def _names_fit(self) -> PoolConfig:
+        longest = max(self.slurm().node_names(), key=len)
+        if len(longest) > 63:
+            raise ValueError(
+                f"domain: node names such as {longest} are longer than 63 characters (the"
+                " kubernetes.io/hostname label's limit); shorten the prefix or the domain"
+            )
+        return self
 
 
 class LabConfig(BaseModel):

@@ -235,15 +235,17 @@ def test_markdown_summary_of_a_sample_change(repo, tmp_path):
     )
     updated = {line.split("|")[2].strip() for line in steps[1:]}
     # The bigger pool: its description, its node group, Slurm's generated config, the pods that
-    # roll with it (the config hash on their templates) and how many Ready slurmd pods `pulumi up`
-    # waits for (the DaemonSet's waitFor annotation; its pod template is unchanged), and the
-    # runner's copy of slurm.conf (its Slurm client must know the new partition's nodes too).
+    # roll with it (the config hash on their templates; every pool's slurmd DaemonSet too, whose
+    # OnDelete pods wait for playbooks/slurm_rollout.yml) and how many Ready slurmd pods
+    # `pulumi up` waits for (the DaemonSet's waitFor annotation), and the runner's copy of
+    # slurm.conf (its Slurm client must know the new partition's nodes too).
     assert updated == {
         "`pool-a100-pool`",
         "`pool-a100-nodegroup`",
         "`slurm-config`",
         "`slurm-login`",
         "`slurm-slurmd-a100`",
+        "`slurm-slurmd-h100`",
         "`runner-slurm`",
     }
     assert "### Policy violations\n\nNone." in text

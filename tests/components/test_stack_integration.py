@@ -222,6 +222,9 @@ def test_adding_a_pool_adds_exactly_that_pools_resources(
         ("update", "kubernetes:core/v1:ConfigMap", "runner-slurm"),
         ("update", "kubernetes:apps/v1:StatefulSet", "slurm-slurmctld"),
         ("update", "kubernetes:apps/v1:Deployment", "slurm-login"),
+        # the other pools' slurmd templates carry the new slurm.conf's hash (OnDelete: no pod
+        # restarts until playbooks/slurm_rollout.yml)
+        ("update", "kubernetes:apps/v1:DaemonSet", "slurm-slurmd-h100"),
         ("update", "kubernetes:core/v1:ConfigMap", "runner-config"),
         ("update", "kubernetes:apps/v1:Deployment", "runner-deployment"),
     }

@@ -15,10 +15,10 @@ description:
   - A pod is B(stale) when its C(controller-revision-hash) label is not the hash of its DaemonSet's
     newest ControllerRevision (the revision the DaemonSet controller creates new pods from).
   - With O(state=info), returns every slurmd pod by Kubernetes node (= Slurm node) name.
-  - With O(state=restarted), deletes the stale pod on O(node) and waits until a pod of the newest
-    revision on that node is Ready (slurmd's readiness probe - slurmctld knows the node). A node whose
-    pod is current is left alone (not changed). It does not drain anything in Slurm - the role
-    C(slurm_rollout) drains the node and waits for its jobs first.
+  - With O(state=restarted), evicts the stale pod on O(node) (Eviction API) and waits until a pod
+    of the newest revision on that node is Ready (slurmd's readiness probe - slurmctld knows the
+    node). A node whose pod is current is left alone (not changed). It drains nothing in Slurm -
+    the role C(slurm_rollout) drains the node and waits for its jobs first.
 version_added: 0.3.0
 author: autoheal maintainers (@autoheal-project)
 options:
@@ -43,7 +43,9 @@ options:
     type: int
     default: 300
 notes:
-  - Check mode reports the restart it would do and deletes nothing.
+  - Check mode reports the restart it would do and evicts nothing.
+  - Needs, in O(namespace), C(list) on pods and on C(apps) controllerrevisions, and C(create) on
+    C(pods/eviction).
 extends_documentation_fragment:
   - autoheal.cluster.attributes
   - autoheal.cluster.kube
@@ -163,16 +165,18 @@ def read(kube: Kube, namespace: str, selector: str) -> dict[str, dict[str, Any]]
 
 
 def restart(module: Any, kube: Kube, record: dict[str, Any], node: str) -> dict[str, Any]:
-    """Delete the node's pod; wait for a Ready pod of the newest revision on the node."""
+    """Evict the node's pod (the Eviction API: the rights the runbook's drain already has, and a
+    PodDisruptionBudget is honoured); wait for a Ready pod of the newest revision on the node."""
     p = module.params
+    ns, name = p["namespace"], record["pod"]
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns}}
     try:
         kube.request(
-            "DELETE",
-            f"/api/v1/namespaces/{quote(p['namespace'], safe='')}/pods/{quote(record['pod'], safe='')}",
+            "POST", f"/api/v1/namespaces/{quote(ns, safe='')}/pods/{quote(name, safe='')}/eviction", body
         )
     except KubeError as exc:
         if exc.status != 404:  # already gone: its successor is what we wait for
-            module.fail_json(msg=f"deleting pod {record['pod']} on {node} failed: {exc}")
+            module.fail_json(msg=f"evicting pod {ns}/{name} on {node} failed: {exc}")
     deadline = time.monotonic() + p["wait_seconds"]
     seen: dict[str, Any] | None = None
     while time.monotonic() < deadline:

@@ -307,6 +307,9 @@ class MonitoringSpec(_Model):
     dcgm_exporter: bool = Field(default=True, alias="dcgmExporter")
     # the XID watchers' image (the runner's: the lock file's, else ghcr.io/autoheal/runner:<version>)
     watcher_image: str | None = Field(default=None, alias="watcherImage")
+    # the Prometheus the runbook reads a failed node's last DCGM series from, for its evidence
+    # bundle (default with prometheusOperator: the operator's prometheus-operated Service)
+    prometheus_url: str | None = Field(default=None, alias="prometheusUrl", pattern=r"^https?://\S+$")
     # where the XID watchers post (Alertmanager's base URL; default the Prometheus Operator's)
     alertmanager_url: str | None = Field(default=None, alias="alertmanagerUrl", pattern=r"^https?://\S+$")
     # a node directory of simulated kernel logs (<node>/kmsg) instead of /dev/kmsg: the lab's

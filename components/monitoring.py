@@ -46,6 +46,8 @@ POD_RESOURCES_DIR = (
     "/var/lib/kubelet/pod-resources"  # the kubelet tells dcgm-exporter which pod has which GPU
 )
 PROMETHEUS_OPERATOR = "monitoring.coreos.com"
+# the Service the Prometheus Operator puts before its Prometheus (kube-prometheus-stack in monitoring)
+PROMETHEUS_OPERATOR_URL = "http://prometheus-operated.monitoring.svc:9090"
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,9 @@ RUNNER_RBAC_RULES: tuple[Rule, ...] = (
     (("",), ("nodes",), ("get", "list", "watch", "patch")),
     (("",), ("pods",), ("get", "list")),
     (("",), ("pods/eviction",), ("create",)),
+    # the slurmd rollout (playbooks/slurm_rollout.yml): a pod is stale when its revision is not
+    # its DaemonSet's newest ControllerRevision
+    (("apps",), ("controllerrevisions",), ("list",)),
 )
 RUNNER_EVENT_RULES: tuple[Rule, ...] = ((("",), ("events",), ("get", "list", "create")),)
 # leader election (journal="postgres"), in the runner's own namespace: the one Lease, read,

@@ -21,7 +21,12 @@ from components.eks.nodegroups import SystemNodeGroupArgs, system_selector
 from components.eks.platform import ROLE_ARN_ANNOTATION, EksPlatform, EksPlatformArgs
 from components.eks.storage import FsxArgs
 from components.instances import instance_type
-from components.monitoring import DEFAULT_DCGM_IMAGE, GpuMonitoring, GpuMonitoringArgs
+from components.monitoring import (
+    DEFAULT_DCGM_IMAGE,
+    PROMETHEUS_OPERATOR_URL,
+    GpuMonitoring,
+    GpuMonitoringArgs,
+)
 from components.nodepool import EksNodeGroupArgs, GpuNodePool, GpuNodePoolArgs, node_group_name
 from components.runner import RUNNER_NAME, RemediationRunner, RemediationRunnerArgs, RunnerPostgresArgs
 from components.runner_pod import RunnerSlurmArgs
@@ -237,9 +242,15 @@ def _cloud_play_vars(cfg: StackSpec) -> dict[str, object]:
 
 def _ladder_play_vars(cfg: StackSpec) -> dict[str, object]:
     """The recovery ladder's reset and DCGM diagnostics Jobs run the stack's DCGM image (by digest:
-    the ladder refuses a tag); without one configured the dcgm backend fails, naming the setting."""
-    image = cfg.monitoring.dcgm_image
-    return {"autoheal_dcgm_image": image} if image else {}
+    the ladder refuses a tag; without one the dcgm backend fails, naming the setting) in the
+    runner's namespace (its Role allows Jobs there only); evidence reads the stack's Prometheus."""
+    mc = cfg.monitoring
+    prometheus = mc.prometheus_url or (PROMETHEUS_OPERATOR_URL if mc.prometheus_operator else None)
+    return {
+        "autoheal_job_namespace": cfg.namespace,
+        **({"autoheal_dcgm_image": mc.dcgm_image} if mc.dcgm_image else {}),
+        **({"autoheal_prometheus_url": prometheus} if prometheus else {}),
+    }
 
 
 def _cloud_loops(cfg: StackSpec) -> dict[str, object]:

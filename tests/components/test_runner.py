@@ -35,6 +35,7 @@ def test_cluster_role_grants_exactly_what_the_runbook_needs(lab):
         ("", "pods", "get"),
         ("", "pods", "list"),
         ("", "pods/eviction", "create"),
+        ("apps", "controllerrevisions", "list"),  # the slurmd rollout's stale pods
     }
     assert len(role.inputs["rules"]) == len(RUNNER_RBAC_RULES)
 
@@ -377,15 +378,25 @@ def test_the_ladders_jobs_are_granted_in_the_runners_namespace_only(lab):
     assert ("batch", "jobs", "create") not in _granted(lab.one(CLUSTER_ROLE, "autoheal-runner"))
 
 
-def test_the_stacks_dcgm_image_reaches_the_ladder_as_a_play_var():
-    from types import SimpleNamespace
-    from typing import Any, cast
-
+def test_the_stack_gives_the_ladder_its_dcgm_image_job_namespace_and_prometheus():
+    from components.config import parse_stack_config
     from components.stack import _ladder_play_vars
+    from tests.components.harness import lab_stack_raw
+
+    def play_vars(monitoring: dict[str, object], namespace: str = "autoheal") -> dict[str, object]:
+        raw = {**lab_stack_raw(), "namespace": namespace, "monitoring": monitoring}
+        return _ladder_play_vars(parse_stack_config(raw))
 
     image = "nvcr.io/nvidia/k8s/dcgm-exporter@sha256:" + "c" * 64
-    assert _ladder_play_vars(cast(Any, SimpleNamespace(monitoring=SimpleNamespace(dcgm_image=image)))) == {
-        "autoheal_dcgm_image": image
+    assert play_vars({"dcgmImage": image, "prometheusUrl": "http://prom.example:9090"}, "gpu-ops") == {
+        "autoheal_job_namespace": "gpu-ops",  # the runner's Role allows the Jobs there only
+        "autoheal_dcgm_image": image,
+        "autoheal_prometheus_url": "http://prom.example:9090",
     }
-    # none configured: the role's empty default stands, and the dcgm backend fails naming it
-    assert _ladder_play_vars(cast(Any, SimpleNamespace(monitoring=SimpleNamespace(dcgm_image=None)))) == {}
+    # with the Prometheus Operator, its prometheus-operated Service
+    assert play_vars({"prometheusOperator": True})["autoheal_prometheus_url"] == (
+        "http://prometheus-operated.monitoring.svc:9090"
+    )
+    # none configured: the role's empty image default stands (the dcgm backend fails naming it),
+    # and evidence reads no Prometheus
+    assert play_vars({}) == {"autoheal_job_namespace": "autoheal"}

@@ -45,8 +45,10 @@ case "$AUTOHEAL_INCIDENT" in
 *-diag-fails) status=Fail; rc=1;;
 esac
 printf '{"DCGM GPU Diagnostic": {"version": "fake", "test_categories": [\\n'
-printf ' {"category": "Deployment", "tests": [{"name": "Denylist", "results": [{"gpu_ids": "%s", "status": "Pass"}]}]},\\n' "$NVIDIA_VISIBLE_DEVICES"
-printf ' {"category": "Hardware", "tests": [{"name": "Memory", "results": [{"gpu_ids": "0", "status": "%s", "warnings": ["fake: %s"]}]}]}\\n' "$status" "$AUTOHEAL_INCIDENT"
+printf ' {"category": "Deployment", "tests": [{"name": "Denylist",'
+printf ' "results": [{"gpu_ids": "%s", "status": "Pass"}]}]},\\n' "$NVIDIA_VISIBLE_DEVICES"
+printf ' {"category": "Hardware", "tests": [{"name": "Memory", "results":'
+printf ' [{"gpu_ids": "0", "status": "%s", "warnings": ["fake: %s"]}]}]}\\n' "$status" "$AUTOHEAL_INCIDENT"
 printf ']}}\\n'
 exit $rc
 """

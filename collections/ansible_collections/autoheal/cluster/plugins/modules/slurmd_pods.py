@@ -14,7 +14,7 @@ description:
     when its pod is deleted. This module reads which pods are behind.
   - A pod is B(stale) when its C(controller-revision-hash) label is not the hash of its DaemonSet's
     newest ControllerRevision (the revision the DaemonSet controller creates new pods from).
-  - With O(state=info), returns every slurmd pod by Kubernetes node (= Slurm node) name.
+  - With O(state=read), returns every slurmd pod by Kubernetes node (= Slurm node) name.
   - With O(state=restarted), evicts the stale pod on O(node) (Eviction API) and waits until a pod
     of the newest revision on that node is Ready (slurmd's readiness probe - slurmctld knows the
     node). A node whose pod is current is left alone (not changed). It drains nothing in Slurm -
@@ -23,10 +23,10 @@ version_added: 0.3.0
 author: autoheal maintainers (@autoheal-project)
 options:
   state:
-    description: C(info) reads; C(restarted) restarts O(node)'s pod when it is stale.
+    description: C(read) reads; C(restarted) restarts O(node)'s pod when it is stale.
     type: str
-    choices: [info, restarted]
-    default: info
+    choices: [read, restarted]
+    default: read
   namespace:
     description: The namespace of the slurmd DaemonSets.
     type: str
@@ -101,7 +101,7 @@ POLL_S = 2.0
 
 def argument_spec() -> dict[str, Any]:
     spec: dict[str, Any] = dict(
-        state=dict(type="str", choices=["info", "restarted"], default="info"),
+        state=dict(type="str", choices=["read", "restarted"], default="read"),
         namespace=dict(type="str", default="slurm"),
         selector=dict(type="str", default="app.kubernetes.io/component=slurmd"),
         node=dict(type="str"),

@@ -147,6 +147,7 @@ def test_up_creates_the_stack_in_the_cluster(pulumi: Run, api: Any) -> None:
     assert "MaxNodeCount=12" in conf and "NodeSet=ns_h100 Feature=pool_h100" in conf
     role: Any = RbacAuthorizationV1Api(api).read_cluster_role("autoheal-runner")
     assert sorted((r.resources[0], tuple(r.verbs)) for r in role.rules) == [
+        ("controllerrevisions", ("list",)),  # the slurmd rollout's stale pods
         ("nodes", ("get", "list", "watch", "patch")),
         ("pods", ("get", "list")),
         ("pods/eviction", ("create",)),

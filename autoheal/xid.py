@@ -29,6 +29,9 @@ class Tier(StrEnum):
 
     NOTIFY = "notify"
     RESTART_APP = "restart_app"
+    # the gentle rung for faults that slow a job instead of killing it (autoheal/faults.py): Slurm
+    # DRAIN, not DOWN - the running job keeps running and finishes - and a Kubernetes cordon
+    DRAIN = "drain"
     RESET = "reset"
     REBOOT = "reboot"
     REPLACE = "replace"
@@ -49,7 +52,13 @@ class Tier(StrEnum):
 
 
 _TIER_RANK = {t: i for i, t in enumerate(Tier)}
-_NEXT = {Tier.RESTART_APP: Tier.RESET, Tier.RESET: Tier.REBOOT, Tier.REBOOT: Tier.REPLACE}
+_NEXT = {
+    Tier.RESTART_APP: Tier.RESET,
+    Tier.RESET: Tier.REBOOT,
+    Tier.REBOOT: Tier.REPLACE,
+    # a node that keeps degrading is a human's: it stays drained and is paged, never returned
+    Tier.DRAIN: Tier.QUARANTINE,
+}
 
 
 class Bucket(StrEnum):

@@ -55,6 +55,15 @@ NODE_ANNOTATION: Final = f"{DOMAIN}/node"
 # node and come back once the label is lifted (roles/ladder/tasks/holders.yml).
 GPU_AGENTS_LABEL: Final = f"{DOMAIN}/gpu-agents"
 GPU_AGENTS_STOPPED: Final = "stopped"
+# On a Slurm node lent to inference (remediation/lending.py): lending (drained in Slurm, its jobs
+# ending), lent (slurmd gone: the slurmd DaemonSet excludes lent and returning in its node
+# affinity), returning (cordoned, inference pods evicted); no label: training. The annotation holds
+# when the node last moved (Unix seconds; the cooldown counts from it).
+LEND_LABEL: Final = f"{DOMAIN}/lend"
+LEND_LENDING: Final = "lending"
+LEND_LENT: Final = "lent"
+LEND_RETURNING: Final = "returning"
+LEND_MOVED_ANNOTATION: Final = f"{DOMAIN}/lend-moved-at"
 
 # --- the objects the Pulumi components declare (the policy pack and the review read them) ------
 # Kubernetes' recommended labels, on every object of ours; COMPONENT_LABEL tells the policy pack
@@ -80,6 +89,8 @@ SPARE_REASON: Final = "autoheal: hot spare"
 JOINING_REASON: Final = "autoheal: joining"
 # a node drained while its slurmd pod is restarted onto a new pod template (playbooks/slurm_rollout.yml)
 ROLLOUT_REASON: Final = "autoheal: config rollout"
+# a node drained for lending to inference (remediation/lending.py); resumed when it comes back
+LEND_REASON: Final = "autoheal: lent to inference"
 # the comment a promoted spare carries: "<this><failed node> <incident>" (slurm_spares)
 PROMOTION_PREFIX: Final = "autoheal: replaces "
 

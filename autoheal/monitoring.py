@@ -1,4 +1,4 @@
-"""Prometheus rules and Alertmanager routing, rendered from the XID catalogue.
+"""Prometheus rules and Alertmanager routing, rendered from the XID and degraded-fault catalogues.
 
 The lab, the shipped files under monitoring/ and the Pulumi GpuMonitoring component all call these
 functions, so the rule that fires and the route that delivers are the same everywhere.
@@ -9,6 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from autoheal.faults import (
+    DEGRADED_ALERT,
+    FAULT_LABEL,
+    THROTTLE_BITS,
+    Detector,
+    FaultCatalog,
+    FaultClass,
+    FaultEntry,
+    load_fault_catalog,
+)
 from autoheal.xid import Tier, XidCatalog, load_catalog
 
 XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
@@ -21,6 +31,7 @@ SOURCE_LABEL = "source"
 SOURCE_METRIC = "dcgm"  # the XID gauge of dcgm-exporter
 SOURCE_LOST = "lost-gpu"  # the GPU stopped reporting (lost_gpu_expr)
 SOURCE_WATCHER = "watcher"  # the node-local kernel log watcher (watcher/)
+SOURCE_JOB = "job"  # the training job's own metrics (a straggler's step time)
 # the watcher's alerts carry the driver's kernel record as logged (sanitised, autoheal.xid_messages
 # MAX_LINE), which the runner keeps with the incident for the vendor's evidence bundle
 KERNEL_LINE_ANNOTATION = "kernel_line"
@@ -121,6 +132,62 @@ def render_xid_rules(catalog: XidCatalog | None = None, for_: str = "0s") -> dic
     }
 
 
+def throttle_expr(metric: str, reasons: Iterable[str]) -> str:
+    """Series of `metric` (a bitmask: NVML's clock throttle reasons) with any of `reasons` set.
+    PromQL has no bitwise and: bit b is set when floor(x / b) is odd."""
+    bits = sorted({THROTTLE_BITS[r] for r in reasons})
+    return " or ".join(f"(floor({metric} / {b}) % 2 == 1)" for b in bits)
+
+
+def straggler_expr(metric: str, margin_percent: float, min_ranks: int) -> str:
+    """Ranks whose step time is above their job's median by the margin, in jobs of at least
+    `min_ranks` ranks (with two, the median is their mean and says little about who is slow)."""
+    factor = f"{1 + margin_percent / 100:g}"
+    return (
+        f"({metric} > on (slurm_job) group_left () ({factor} * quantile by (slurm_job) (0.5, {metric})))"
+        f" and on (slurm_job) (count by (slurm_job) ({metric}) >= {min_ranks})"
+    )
+
+
+def _degraded_expr(f: FaultEntry) -> str:
+    assert f.metric is not None  # the catalogue refuses a prometheus fault without one
+    if f.name is FaultClass.GPU_THROTTLE:
+        return throttle_expr(f.metric, f.reasons)
+    if f.name is FaultClass.STRAGGLER:
+        assert f.margin_percent is not None
+        return straggler_expr(f.metric, f.margin_percent, f.min_ranks)
+    return f"{f.metric} >= {f.threshold}"
+
+
+def render_degraded_rules(catalog: FaultCatalog | None = None) -> dict[str, Any]:
+    """One NodeDegraded rule per fault class the catalogue detects from metrics (DCGM's throttle
+    reasons and row remapping, the training job's step time), held for its `sustain_seconds`,
+    labelled with the class, its rung and who saw it. The classes the watcher reads from sysfs
+    arrive from the watcher with the same alertname and labels."""
+    cat = catalog or load_fault_catalog()
+    rules = []
+    for f in cat.by_detector(Detector.PROMETHEUS):
+        source = SOURCE_JOB if f.name is FaultClass.STRAGGLER else SOURCE_METRIC
+        rules.append(
+            {
+                "alert": DEGRADED_ALERT,
+                "expr": _degraded_expr(f),
+                "for": f"{f.sustain_seconds}s",
+                "labels": {
+                    "severity": "warning",
+                    "tier": f.tier.value,
+                    FAULT_LABEL: f.name.value,
+                    SOURCE_LABEL: source,
+                },
+                "annotations": {
+                    "summary": f"{f.name.value} on {{{{ $labels.Hostname }}}}: {f.meaning}",
+                    "fault_catalog_version": str(cat.version),
+                },
+            }
+        )
+    return {"groups": [{"name": "autoheal-degraded", "rules": rules}]}
+
+
 def render_alertmanager_config(
     webhook_url: str,
     token_file: str,
@@ -128,7 +195,8 @@ def render_alertmanager_config(
     group_interval: str = "1s",
     repeat_interval: str = "1h",
 ) -> dict[str, Any]:
-    """Route GPU XID alerts to the runner, grouped per node so a storm becomes per-node webhooks."""
+    """Route GPU XID and degraded-node alerts to the runner, grouped per node (and alertname) so a
+    storm becomes per-node webhooks."""
     return {
         "route": {
             "receiver": "null",
@@ -136,7 +204,7 @@ def render_alertmanager_config(
             "routes": [
                 {
                     "receiver": WEBHOOK_RECEIVER,
-                    "matchers": [f'alertname="{FATAL_ALERT}"'],
+                    "matchers": [f'alertname=~"{FATAL_ALERT}|{DEGRADED_ALERT}"'],
                     "group_by": ["alertname", "Hostname"],
                     "group_wait": group_wait,
                     "group_interval": group_interval,
@@ -186,11 +254,12 @@ def shipped_files() -> dict[str, dict[str, Any]]:
     """monitoring/<file> -> content; tests/unit/test_monitoring.py fails if the files drift."""
     return {
         "xid.rules.yml": render_xid_rules(),
+        "degraded.rules.yml": render_degraded_rules(),
         "alertmanager.yml": render_alertmanager_config(
             SHIPPED_RUNNER_URL, SHIPPED_TOKEN_FILE, group_wait="0s", group_interval="5s"
         ),
         "prometheus.yml": render_prometheus_config(
-            ["xid.rules.yml"],
+            ["xid.rules.yml", "degraded.rules.yml"],
             ["dcgm-exporter.gpu-monitoring.svc:9400"],
             "alertmanager:9093",
             interval="5s",
@@ -205,9 +274,10 @@ def render_shipped(out_dir: str) -> list[str]:
 
     d = pathlib.Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    header = "# Generated from autoheal/data/xid_catalog.yaml by `autoheal monitoring render`.\n"
     written = []
     for name, content in shipped_files().items():
+        source = "fault_catalog.yaml" if name == "degraded.rules.yml" else "xid_catalog.yaml"
+        header = f"# Generated from autoheal/data/{source} by `autoheal monitoring render`.\n"
         (d / name).write_text(header + yaml.safe_dump(content, sort_keys=False))
         written.append(str(d / name))
     return written

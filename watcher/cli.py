@@ -65,6 +65,14 @@ def watch(
     boot_id_file: Annotated[Path, typer.Option(help="Where the boot id is read.")] = Path(
         "/proc/sys/kernel/random/boot_id"
     ),
+    sysfs_root: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="AUTOHEAL_WATCH_SYSFS_ROOT",
+            help="sysfs root to watch links and PCIe under (/sys on a node); unset: not watched.",
+        ),
+    ] = None,
+    link_poll_seconds: Annotated[float, typer.Option(help="How often sysfs is read.")] = 1.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Watch the kernel log for NVIDIA Xid/SXid lines and post alerts straight to Alertmanager."""
@@ -88,6 +96,8 @@ def watch(
         "rate_per_second": rate,
         "resend_seconds": resend_seconds,
         "alert_hold_seconds": hold_seconds,
+        "sysfs_root": sysfs_root,
+        "link_poll_seconds": link_poll_seconds,
     }
     # imported here, not by every `autoheal` command (the watcher runs its own process)
     from pydantic import ValidationError

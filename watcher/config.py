@@ -47,6 +47,10 @@ class WatcherConfig(BaseModel):
     poll_seconds: float = Field(default=0.02, gt=0, le=5, description="file sources: how often to look")
     gpu_refresh_seconds: float = Field(default=300.0, gt=0)
     post_timeout_seconds: float = Field(default=2.0, gt=0)
+    # degraded links (watcher/links.py): sysfs read under this root (/sys on a node; a fake tree in
+    # tests and the lab); None: not watched
+    sysfs_root: Path | None = Field(default=None, description="sysfs root for link/PCIe checks")
+    link_poll_seconds: float = Field(default=1.0, gt=0, le=300, description="how often sysfs is read")
 
     @field_validator("node")
     @classmethod

@@ -1,8 +1,10 @@
-"""The watcher daemon: three threads around one outbox.
+"""The watcher daemon: three threads (four with a sysfs root) around one outbox.
 
 - reader: source -> driver events -> alerts offered to the outbox; advances the cursor.
 - sender: outbox -> Alertmanager, rate-limited (a token bucket of `rate_per_second`, `burst`),
   batches of up to `max_batch`, exponential backoff while Alertmanager is down.
+- links: (with a sysfs root) every `link_poll_seconds` reads the node's ports and PCIe links
+  (watcher/links.py) and offers a NodeDegraded alert for each degraded fault that holds.
 - keeper: every 0.2 s saves the cursor and outbox when they changed; refreshes the GPU map;
   forgets delivered alerts past their endsAt; mirrors the counts into the metrics.
 
@@ -18,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from autoheal.faults import FaultCatalog, load_fault_catalog
 from autoheal.xid import XidCatalog, load_catalog
 from autoheal.xid_messages import GpuAnnounce, SxidLine, XidLine, parse_message
 from watcher import state
@@ -25,6 +28,7 @@ from watcher.alertmanager import AlertmanagerClient, PostError
 from watcher.alerts import alert_for
 from watcher.config import WatcherConfig
 from watcher.gpus import GpuMap
+from watcher.links import LinkMonitor, degraded_alert
 from watcher.metrics import WatcherMetrics, serve
 from watcher.outbox import Outbox
 from watcher.sources import Line, Source, open_source
@@ -50,9 +54,13 @@ class TokenBucket:
 
 
 class Watcher:
-    def __init__(self, cfg: WatcherConfig, catalog: XidCatalog | None = None) -> None:
+    def __init__(
+        self, cfg: WatcherConfig, catalog: XidCatalog | None = None, faults: FaultCatalog | None = None
+    ) -> None:
         self.cfg = cfg
         self.catalog = catalog or load_catalog()
+        self.faults = faults or load_fault_catalog()
+        self.links = LinkMonitor(cfg.sysfs_root, self.faults) if cfg.sysfs_root else None
         self.metrics = WatcherMetrics()
         cursor, saved = state.load(cfg.state_file, cfg.node)
         self.cursor = cursor
@@ -118,6 +126,27 @@ class Watcher:
                 log.exception("could not handle a kernel log line")
             self.cursor = line.cursor
             self._cursor_dirty = True
+
+    def poll_links(self, now: float) -> int:
+        """One look at the node's links; returns how many alerts were offered."""
+        if self.links is None:
+            return 0
+        offered = 0
+        for finding in self.links.poll(now):
+            self.metrics.events.labels(kind="degraded", code=finding.fault.value).inc()
+            alert = degraded_alert(self.cfg.node, finding, self.faults, now)
+            if alert is not None:
+                self.metrics.offered.labels(outcome=self.outbox.offer(alert, now)).inc()
+                offered += 1
+        return offered
+
+    def _watch_links(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.poll_links(time.time())
+            except Exception:  # a strange sysfs must never stop the watcher
+                log.exception("could not read the node's links")
+            self.stop_event.wait(self.cfg.link_poll_seconds)
 
     # -- sending ---------------------------------------------------------------------------------
     def _send(self) -> None:
@@ -198,7 +227,10 @@ class Watcher:
         if self.cfg.listen:
             host, _, port = self.cfg.listen.rpartition(":")
             self._server = serve(self.metrics, host, int(port), self.health)
-        for name, target in (("reader", self._read), ("sender", self._send), ("keeper", self._keep)):
+        targets = [("reader", self._read), ("sender", self._send), ("keeper", self._keep)]
+        if self.links is not None:
+            targets.append(("links", self._watch_links))
+        for name, target in targets:
             t = threading.Thread(target=target, name=f"watcher-{name}", daemon=True)
             t.start()
             self._threads.append(t)

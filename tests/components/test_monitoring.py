@@ -82,6 +82,8 @@ def test_with_the_operator_rules_and_route_are_custom_resources_with_a_secret_se
         "credentials": {"name": "autoheal-runner-token", "key": "token"},
     }
     assert spec["route"]["receiver"] == receiver["name"] == "autoheal-runner"
-    assert spec["route"]["matchers"] == [{"name": "alertname", "matchType": "=", "value": "GpuXidFatal"}]
+    assert spec["route"]["matchers"] == [
+        {"name": "alertname", "matchType": "=~", "value": "GpuXidFatal|NodeDegraded"}
+    ]
     assert rec.of_type("kubernetes:monitoring.coreos.com/v1:ServiceMonitor")
     assert not rec.of_type("kubernetes:core/v1:ConfigMap")

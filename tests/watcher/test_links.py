@@ -1,0 +1,223 @@
+"""Degraded links from sysfs (issue 36): flaps, NIC error counters, PCIe downtraining - thresholds,
+windows, counters that reset or wrap, nodes without InfiniBand - on a fake sysfs tree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoheal.faults import FaultClass, load_fault_catalog
+from lab.sysfs import FakeSysfs
+from watcher.config import WatcherConfig
+from watcher.daemon import Watcher
+from watcher.links import LinkMonitor, degraded_alert, parse_speed
+
+CAT = load_fault_catalog()
+FLAP = CAT.require(FaultClass.LINK_FLAP)
+ERRS = CAT.require(FaultClass.NIC_ERRORS)
+PCIE = CAT.require(FaultClass.PCIE_DOWNTRAINED)
+
+
+@pytest.fixture
+def sysfs(tmp_path: Path) -> FakeSysfs:
+    return FakeSysfs(tmp_path / "sys")
+
+
+def _mon(sysfs: FakeSysfs) -> LinkMonitor:
+    mon = LinkMonitor(sysfs.root, CAT)
+    assert mon.poll(1000.0) == []  # the first poll learns the counters
+    return mon
+
+
+def _faults(found: list) -> set[tuple[FaultClass, str]]:
+    return {(f.fault, f.device) for f in found}
+
+
+def test_flaps_below_the_threshold_alert_nothing_and_at_it_alert_once_per_port(sysfs: FakeSysfs) -> None:
+    sysfs.add_ib_port("mlx5_0", 1)
+    sysfs.add_ib_port("mlx5_1", 1)
+    mon = _mon(sysfs)
+    for i in range(FLAP.threshold - 1):
+        sysfs.flap("mlx5_0", 1)
+        assert mon.poll(1001.0 + i) == []
+    sysfs.flap("mlx5_0", 1)
+    found = mon.poll(1010.0)
+    assert _faults(found) == {(FaultClass.LINK_FLAP, "mlx5_0/1")}
+    assert f"{FLAP.threshold} flap(s) of mlx5_0/1" in found[0].detail
+    # still within the window: the fault holds; past it with no new flap: gone
+    assert _faults(mon.poll(1011.0)) == {(FaultClass.LINK_FLAP, "mlx5_0/1")}
+    assert mon.poll(1010.0 + FLAP.window_seconds + 5) == []
+
+
+def test_flaps_spread_wider_than_the_window_never_add_up(sysfs: FakeSysfs) -> None:
+    sysfs.add_ib_port()
+    mon = _mon(sysfs)
+    t = 1000.0
+    for _ in range(FLAP.threshold * 3):
+        t += FLAP.window_seconds / (FLAP.threshold - 1) + 1
+        sysfs.flap()
+        assert mon.poll(t) == []
+
+
+def test_a_port_going_down_counts_once_not_once_per_file(sysfs: FakeSysfs) -> None:
+    sysfs.add_ib_port()
+    mon = _mon(sysfs)
+    # the kernel writes both: the state word and link_downed + 1 for one event
+    sysfs.set_state("mlx5_0", 1, active=False)
+    sysfs.flap()
+    assert mon.poll(1001.0) == []
+    sysfs.set_state("mlx5_0", 1, active=True)
+    assert mon.poll(1002.0) == []
+    assert sum(a for _, a in mon._flaps["mlx5_0/1"].items) == 1
+
+
+def test_counters_that_reset_or_wrap_raise_no_false_alert(sysfs: FakeSysfs) -> None:
+    sysfs.add_ib_port(link_downed=250, symbol_error=65530, port_rcv_errors=4_000_000_000)
+    mon = _mon(sysfs)
+    # perfquery -x -R / a driver reload: everything back to 0; a 16-bit counter wrapping
+    sysfs.set_counter("mlx5_0", 1, "link_downed", 0)
+    sysfs.set_counter("mlx5_0", 1, "symbol_error", 3)
+    sysfs.set_counter("mlx5_0", 1, "port_rcv_errors", 0)
+    assert mon.poll(1001.0) == []
+    # counting goes on from the new base
+    sysfs.set_counter("mlx5_0", 1, "link_downed", 1)
+    assert mon.poll(1002.0) == []
+    assert sum(a for _, a in mon._flaps["mlx5_0/1"].items) == 1
+
+
+def test_climbing_error_counters_alert_nic_errors(sysfs: FakeSysfs) -> None:
+    sysfs.add_ib_port(symbol_error=7)
+    mon = _mon(sysfs)
+    half = ERRS.threshold // 2
+    sysfs.set_counter("mlx5_0", 1, "symbol_error", 7 + half)
+    assert mon.poll(1001.0) == []
+    sysfs.set_counter("mlx5_0", 1, "port_rcv_errors", ERRS.threshold - half)
+    assert _faults(mon.poll(1002.0)) == {(FaultClass.NIC_ERRORS, "mlx5_0/1")}
+
+
+def test_a_node_without_infiniband_or_without_sysfs_is_fine(tmp_path: Path, sysfs: FakeSysfs) -> None:
+    assert LinkMonitor(tmp_path / "nothing-here", CAT).poll(1.0) == []
+    sysfs.add_net("eth0")
+    mon = _mon(sysfs)
+    assert mon.poll(1001.0) == []
+
+
+def test_physical_interfaces_flap_on_their_carrier_virtual_ones_are_ignored(sysfs: FakeSysfs) -> None:
+    sysfs.add_net("eth0", carrier_changes=2)
+    sysfs.add_net("veth1234", physical=False, carrier_changes=2)
+    mon = _mon(sysfs)
+    n = FLAP.threshold
+    sysfs.add_net("eth0", carrier_changes=2 + 2 * n)
+    sysfs.add_net("veth1234", physical=False, carrier_changes=2 + 2 * n)
+    assert _faults(mon.poll(1001.0)) == {(FaultClass.LINK_FLAP, "net/eth0")}
+
+
+def test_a_pcie_link_below_its_maximum_alerts_once_sustained(sysfs: FakeSysfs) -> None:
+    sysfs.add_pci("0000:18:00.0")  # a GPU at x16 gen5
+    sysfs.add_pci("0000:3b:00.0", gpu=False)  # a ConnectX
+    sysfs.add_pci("0000:00:1f.0", gpu=False)
+    (sysfs.root / "bus/pci/devices/0000:00:1f.0/class").write_text("0x060100\n")  # an ISA bridge
+    sysfs.set_link("0000:00:1f.0", width=1)
+    mon = _mon(sysfs)
+    sysfs.set_link("0000:18:00.0", width=8)
+    sysfs.set_link("0000:3b:00.0", speed="16.0 GT/s PCIe")
+    assert mon.poll(1001.0) == []
+    assert mon.poll(1001.0 + PCIE.sustain_seconds - 1) == []
+    found = mon.poll(1001.0 + PCIE.sustain_seconds)
+    assert _faults(found) == {
+        (FaultClass.PCIE_DOWNTRAINED, "0000:18:00.0"),
+        (FaultClass.PCIE_DOWNTRAINED, "0000:3b:00.0"),
+    }
+    assert "x8 of x16" in next(f.detail for f in found if f.device == "0000:18:00.0")
+    # retrained: quiet at once, and a new downtraining waits its sustain again
+    sysfs.set_link("0000:18:00.0", width=16)
+    sysfs.set_link("0000:3b:00.0", speed="32.0 GT/s PCIe")
+    assert mon.poll(2000.0) == []
+    sysfs.set_link("0000:18:00.0", width=8)
+    assert mon.poll(2001.0) == []
+
+
+def test_unknown_or_garbage_link_values_are_not_a_fault(sysfs: FakeSysfs) -> None:
+    sysfs.add_pci("0000:18:00.0")
+    mon = _mon(sysfs)
+    sysfs.set_link("0000:18:00.0", width=0, speed="Unknown")
+    (sysfs.root / "bus/pci/devices/0000:18:00.0/max_link_width").write_text("sixteen\n")
+    assert mon.poll(1001.0) == []
+    assert mon.poll(1001.0 + PCIE.sustain_seconds + 1) == []
+    assert parse_speed("2.5 GT/s PCIe") == 2.5
+    assert parse_speed("8 GT/s") == 8.0
+    assert parse_speed("Unknown") is None
+    assert parse_speed(None) is None
+
+
+def test_the_alert_carries_the_rules_labels_and_the_catalogue_version(sysfs: FakeSysfs) -> None:
+    sysfs.add_ib_port()
+    mon = _mon(sysfs)
+    sysfs.flap(times=FLAP.threshold)
+    [finding] = mon.poll(1001.0)
+    alert = degraded_alert("gpu-2", finding, CAT, 1001.0)
+    assert alert is not None
+    assert alert.labels == {
+        "alertname": "NodeDegraded",
+        "severity": "warning",
+        "tier": "drain",
+        "fault": "link_flap",
+        "Hostname": "gpu-2",
+        "device": "mlx5_0/1",
+        "source": "watcher",
+    }
+    assert alert.annotations["fault_catalog_version"] == str(CAT.version)
+
+
+def test_the_watcher_offers_one_alert_per_fault_into_its_outbox(tmp_path: Path, sysfs: FakeSysfs) -> None:
+    sysfs.add_ib_port()
+    cfg = WatcherConfig.model_validate(
+        {
+            "node": "gpu-2",
+            "source": "file",
+            "path": tmp_path / "kern.log",
+            "alertmanagers": ["http://127.0.0.1:9"],
+            "state_file": tmp_path / "state.json",
+            "gpu_map": "none",
+            "sysfs_root": sysfs.root,
+        }
+    )
+    w = Watcher(cfg)
+    try:
+        assert w.poll_links(1000.0) == 0
+        sysfs.flap(times=FLAP.threshold)
+        assert w.poll_links(1001.0) == 1
+        assert w.poll_links(1002.0) == 1  # the same alert again: one outbox entry
+        assert len(w.outbox) == 1
+        [entry] = w.outbox.due(1003.0, 10)
+        assert entry.alert.labels["fault"] == "link_flap" and entry.count == 2
+    finally:
+        w.client.close()
+
+
+def test_a_flapping_port_reaches_the_runners_webhook_through_alertmanager(
+    am, tmp_path: Path, sysfs: FakeSysfs, watcher_factory
+) -> None:
+    """The watcher process, a fake sysfs, the real Alertmanager with the shipped route, a sink where
+    the runner stands: one flap says nothing; the threshold's flaps arrive as NodeDegraded."""
+    import time
+
+    from tests.watcher.conftest import KmsgFile
+
+    sysfs.add_ib_port()
+    sysfs.add_pci("0000:18:00.0")
+    kmsg = KmsgFile(tmp_path / "kmsg")
+    watcher_factory(am.url, kmsg.path, f"--sysfs-root={sysfs.root}", "--link-poll-seconds=0.2")
+    time.sleep(1.0)  # learnt
+    t0 = time.time()
+    sysfs.flap()
+    time.sleep(2.0)
+    assert am.alerts(alertname="NodeDegraded") == []
+    sysfs.flap(times=FLAP.threshold - 1)
+    d = am.sink.wait_for({"alertname": "NodeDegraded", "Hostname": "gpu-2"}, 15, since=t0)
+    [alert] = d.payload["alerts"]
+    assert alert["labels"]["fault"] == "link_flap"
+    assert alert["labels"]["tier"] == "drain"
+    assert alert["labels"]["device"] == "mlx5_0/1"
+    print(f"flap -> webhook {d.at - t0:.2f}s")

@@ -131,6 +131,15 @@ def gpu_agents_running() -> k8s.core.v1.NodeSelectorRequirementArgs:
     )
 
 
+def not_lent() -> k8s.core.v1.NodeSelectorRequirementArgs:
+    """slurmd stays off a node lent to inference (remediation/lender.py: lb.LEND_LABEL lent or
+    returning); it stays while the node is lending (its jobs end first) and comes back once the
+    label is lifted."""
+    return k8s.core.v1.NodeSelectorRequirementArgs(
+        key=lb.LEND_LABEL, operator="NotIn", values=[lb.LEND_LENT, lb.LEND_RETURNING]
+    )
+
+
 def template(
     labels: Mapping[str, str],
     spec: k8s.core.v1.PodSpecArgs,

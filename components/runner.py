@@ -10,6 +10,9 @@ node's pods live in any namespace:
                                                lists the node's pods, then GETs each until gone)
     pods/eviction    create                   (drain through the Eviction API, PDB-aware)
 
+The lender (settings `lending`, remediation/lender.py) needs nothing more: it labels, annotates and
+cordons nodes (nodes patch), lists the inference pods (pods list), evicts them from a node it takes
+back (pods/eviction), and writes its Events in the event namespace (the events Role below).
 With `spare_keeper`, in the runner's namespace only (Role): configmaps get, list (the pools'
 descriptions the leader's spare keeper reads; it marks spares with the nodes patch above).
 In the runner's namespace only (Role `autoheal-runner-ladder-jobs`): jobs get, create, delete and
@@ -510,6 +513,8 @@ def runner_settings(args: RemediationRunnerArgs) -> dict[str, Any]:
             **dict(args.settings.get("dead_nodes") or {}),
             "enabled": _loop_on(args, "dead_nodes"),
         },
+        # the lender's Events go where the runner may create Events (its events Role)
+        "lending": {"event_namespace": args.event_namespace, **dict(args.settings.get("lending") or {})},
         "play_vars": play_vars,
     }
 

@@ -115,6 +115,7 @@ def create_app(rt: Runtime) -> Starlette:
             leading=(lambda: worker.leading) if worker is not None else (lambda: False),
             metrics=rt.metrics,
             shortage=worker.shortage if worker is not None else None,
+            notify=rt.notifier.send if rt.notifier is not None else None,
         )
 
     def reply(code: int, body: dict[str, object], started: float, **headers: str) -> Response:

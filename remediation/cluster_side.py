@@ -16,13 +16,15 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from remediation.config import RunnerConfig
 from remediation.cordon_sync import CordonSync, KubeNodes, SlurmCli, SyncJournal
 from remediation.dead_nodes import DeadNodes
+from remediation.lender import KubeLending, Lender, SlurmLending
+from remediation.lending import Demand, Policy
 from remediation.metrics import Metrics
 from remediation.notify import SpareShortage
 from remediation.spares import KubePools, SpareKeeper, default_namespace, journal_path
@@ -123,6 +125,56 @@ def _dead_nodes(
     )
 
 
+def _lender(
+    cfg: RunnerConfig,
+    slurm_conf: Path | None,
+    leading: Callable[[], bool],
+    metrics: Metrics | None,
+    notify: Callable[..., None] | None,
+) -> Lender | None:
+    c = cfg.lending
+    if not c.enabled or cfg.kubeconfig is None:
+        return None
+    policy = Policy(
+        max_nodes=c.max_nodes,
+        max_percent=c.max_percent,
+        min_training=c.min_training,
+        cooldown=c.cooldown_seconds,
+        return_after=c.return_after_seconds,
+        grace=c.grace_seconds,
+        on_grace=c.on_grace,
+        order=tuple(c.order),
+        pools=frozenset(c.pools),
+        paused=c.paused,
+    )
+
+    def report(states: Mapping[str, int], demand: Demand) -> None:
+        if metrics is not None:
+            for state, n in states.items():
+                metrics.lending_nodes.labels(state=state).set(n)
+            metrics.lending_pending_gpus.set(demand.gpus)
+
+    def count(verb: str) -> None:
+        if metrics is not None:
+            metrics.lending_moves.labels(move=verb).inc()
+
+    return Lender(
+        KubeLending(cfg.kubeconfig),
+        SlurmLending(slurm_conf),
+        SyncJournal(journal_path(c.journal_path, cfg.state_dir, "lending.jsonl")),
+        policy,
+        c.priority_class,
+        cfg.opt_out_label,
+        event_namespace=c.event_namespace,
+        dry_run=c.dry_run,
+        interval=c.interval_seconds,
+        leading=leading,
+        notify=notify or (lambda event, **fields: None),
+        count=count,
+        report=report,
+    )
+
+
 @dataclass
 class ClusterSide:
     """Readiness checks, the cordon sync, and the leader's fleet loops (the spare keeper, dead
@@ -135,6 +187,7 @@ class ClusterSide:
     ttl: float = 5.0
     keeper: SpareKeeper | None = None
     reaper: DeadNodes | None = None
+    lender: Lender | None = None
     _cached: tuple[float, list[str]] = (float("-inf"), [])
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -146,6 +199,7 @@ class ClusterSide:
         leading: Callable[[], bool] = lambda: False,
         metrics: Metrics | None = None,
         shortage: SpareShortage | None = None,
+        notify: Callable[..., None] | None = None,
     ) -> ClusterSide:
         """`leading`: whether this replica may act on the fleet now (the worker's leadership; a
         runner without a worker never does)."""
@@ -163,10 +217,13 @@ class ClusterSide:
             )
         keeper = _spare_keeper(cfg, slurm_conf, leading, metrics, shortage)
         reaper = _dead_nodes(cfg, slurm_conf, leading, metrics)
-        return cls(cfg.kubeconfig, slurm_conf, cfg.cluster_checks, sync, keeper=keeper, reaper=reaper)
+        lender = _lender(cfg, slurm_conf, leading, metrics, notify)
+        return cls(
+            cfg.kubeconfig, slurm_conf, cfg.cluster_checks, sync, keeper=keeper, reaper=reaper, lender=lender
+        )
 
-    def _loops(self) -> list[CordonSync | SpareKeeper | DeadNodes]:
-        return [x for x in (self.sync, self.keeper, self.reaper) if x is not None]
+    def _loops(self) -> list[CordonSync | SpareKeeper | DeadNodes | Lender]:
+        return [x for x in (self.sync, self.keeper, self.reaper, self.lender) if x is not None]
 
     def start(self) -> None:
         for loop in self._loops():
@@ -187,7 +244,12 @@ class ClusterSide:
                 found += [
                     p for p in (check_api_server(self.kubeconfig), check_slurmctld(self.slurm_conf)) if p
                 ]
-            names = {"cordon sync": self.sync, "spare keeper": self.keeper, "dead nodes": self.reaper}
+            names = {
+                "cordon sync": self.sync,
+                "spare keeper": self.keeper,
+                "dead nodes": self.reaper,
+                "lender": self.lender,
+            }
             found += [f"{n}: {x.last_error}" for n, x in names.items() if x is not None and x.last_error]
             self._cached = (time.monotonic(), found)
             return list(found)

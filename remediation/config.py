@@ -132,6 +132,52 @@ class DeadNodeSettings(BaseModel):
     journal_path: Path | None = Field(default=None, description="default: <state_dir>/dead-nodes.jsonl")
 
 
+class LendingSettings(BaseModel):
+    """Lending Slurm nodes to an inference burst (remediation/lender.py, remediation/lending.py):
+    leader only, off unless turned on; needs a cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    dry_run: bool = Field(default=False, description="plan and journal the moves, change nothing")
+    paused: bool = Field(default=False, description="start no lend or return; moves under way finish")
+    priority_class: str = Field(
+        default="inference",
+        pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+        description="the PriorityClass of the inference pods whose GPU demand is lent nodes",
+    )
+    pools: tuple[str, ...] = Field(default=(), description="the pools that lend; empty: every pool")
+    max_nodes: int = Field(default=1, ge=0, le=10000, description="at most this many nodes lent fleet-wide")
+    max_percent: float = Field(
+        default=50.0, ge=0, le=100, description="at most this % of a pool (rounded down)"
+    )
+    min_training: int = Field(default=1, ge=0, description="never fewer training nodes left in a pool")
+    cooldown_seconds: float = Field(default=300.0, ge=0, le=86400, description="no node moves twice within")
+    return_after_seconds: float = Field(
+        default=120.0, ge=0, le=86400, description="a lent node idle of inference this long goes back"
+    )
+    grace_seconds: float = Field(
+        default=120.0, ge=0, le=86400, description="a lending node's jobs run this long before on_grace"
+    )
+    on_grace: Literal["requeue", "wait"] = "requeue"
+    order: tuple[Literal["priority", "checkpoint"], ...] = ("priority", "checkpoint")
+    interval_seconds: float = Field(default=10.0, ge=1, le=3600)
+    event_namespace: str = Field(
+        default="default",
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="where the Events on lent nodes go (the runner may create Events there)",
+    )
+    journal_path: Path | None = Field(default=None, description="default: <state_dir>/lending.jsonl")
+
+    @field_validator("pools")
+    @classmethod
+    def _pools(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = sorted(p for p in value if not is_node_name(p) or "." in p)
+        if bad:
+            raise ValueError(f"pool names must be DNS labels (a-z, 0-9, '-'); got {bad}")
+        return value
+
+
 class OwnerSettings(BaseModel):
     """Telling job owners what happened to their jobs, and costing each fault (remediation/owners.py,
     remediation/owner_loop.py): leader only, off unless a sink is set."""
@@ -246,6 +292,7 @@ class RunnerConfig(BaseModel):
     cordon_sync: CordonSyncSettings = CordonSyncSettings()
     spare_keeper: SpareKeeperSettings = SpareKeeperSettings()
     dead_nodes: DeadNodeSettings = DeadNodeSettings()
+    lending: LendingSettings = LendingSettings()
     owners: OwnerSettings = OwnerSettings()
     leader_election: LeaderElection = LeaderElection()
     play_vars: dict[str, Any] = Field(

@@ -13,7 +13,8 @@ Nodes drives one level-triggered reconcile of the whole fleet:
     no hold                           anything else                  none (an admin's drain is
                                                                      never touched)
 
-Nodes the runbook owns (labelled quarantined or spare) are left to the runbook, which sets its own
+Nodes the runbook owns (labelled quarantined or spare) and nodes lent to inference (the lender's
+label, remediation/lender.py) are left to them; the runbook, which sets its own
 reasons. Taints Kubernetes sets itself (node.kubernetes.io/...), ours (autoheal.io/...) and the
 GPU pools' declared taint (nvidia.com/gpu) are not holds; `ignore_taints` names them. The Slurm
 node is the Kubernetes node of the same name (the lab, and the slurmd pods' dynamic nodes).
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from autoheal.backoff import Backoff
-from autoheal.labels import QUARANTINED, SPARE_LABEL, STATE_LABEL
+from autoheal.labels import LEND_LABEL, QUARANTINED, SPARE_LABEL, STATE_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,12 @@ class KubeNode:
         return cls(str(meta["name"]), bool(spec.get("unschedulable")), taints, labels, ready, created)
 
     def owned_by_runbook(self) -> bool:
-        return self.labels.get(STATE_LABEL) == QUARANTINED or SPARE_LABEL in self.labels
+        """Quarantined, a spare, or lent to inference (the lender cordons a returning node)."""
+        return (
+            self.labels.get(STATE_LABEL) == QUARANTINED
+            or SPARE_LABEL in self.labels
+            or LEND_LABEL in self.labels
+        )
 
     def hold(self, ignore: Sequence[str]) -> str | None:
         """Why Kubernetes keeps work off this node ("cordoned", "taint k=v:NoSchedule"), or None."""

@@ -10,6 +10,9 @@ A node's side is its label LEND_LABEL (no label: training), and moves only along
     training -> lending -> lent -> returning -> training
                 lending -> training   (the burst ended before its jobs did: rolled back)
 
+The label is written before Slurm is changed, so a runner restarting mid-move finds the node's side
+on the Node and goes on from there (a lending node not yet drained is drained again).
+
     state       what holds                             next, when
     training    slurmd runs, Slurm schedules it        lending: inference pods are Pending for more
                                                        GPUs than are free or coming on lent nodes,
@@ -151,7 +154,7 @@ class Policy:
 class Move:
     node: str
     pool: str
-    verb: str  # lend | lent | requeue | rollback | return | evict | returned | resume
+    verb: str  # lend | drain | lent | requeue | rollback | return | evict | returned | resume
     old: LendState
     new: LendState
     why: str
@@ -193,6 +196,8 @@ def _rank(n: PoolNode, order: Sequence[str]) -> tuple[object, ...]:
 def _progress(n: PoolNode, demand: Demand, policy: Policy, now: float) -> Move | None:
     """The next step of a move under way (or the repair of a training node we left drained)."""
     if n.state is LendState.LENDING:
+        if n.in_slurm and not n.drained:  # labelled, not drained yet (a restart in between)
+            return Move(n.name, n.pool, "drain", n.state, n.state, "lending, not drained in Slurm")
         if not n.busy:
             return Move(n.name, n.pool, "lent", n.state, LendState.LENT, "no job left on it")
         if demand.gpus == 0:

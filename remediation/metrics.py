@@ -119,6 +119,23 @@ class Metrics:
             "Dynamic Slurm nodes deleted because their Kubernetes Node was gone.",
             registry=r,
         )
+        self.lending_nodes = Gauge(
+            "autoheal_lending_nodes",
+            "Pool nodes on each side of lending (training, lending, lent, returning; leader only).",
+            ["state"],
+            registry=r,
+        )
+        self.lending_pending_gpus = Gauge(
+            "autoheal_lending_pending_gpus",
+            "GPUs the Pending inference pods request (the lender's demand).",
+            registry=r,
+        )
+        self.lending_moves = Counter(
+            "autoheal_lending_moves_total",
+            "The lender's moves (lend, lent, requeue, rollback, return, evict, returned, resume, drain).",
+            ["move"],
+            registry=r,
+        )
         self.illegal_transitions = Counter(
             "autoheal_illegal_transitions_total",
             "Incident state changes refused by the state machine (a bug or a race; never normal).",

@@ -49,6 +49,7 @@ from autoheal.labels import (
     ACTIVE_STATE,
     COMPONENT_LABEL,
     JOINING_REASON,
+    LEND_LABEL,
     NODE_POOL_COMPONENT,
     POOL_LABEL,
     PROMOTION_PREFIX,
@@ -149,7 +150,12 @@ def _active(pool: PoolDecl, k: KubeNode, s: SlurmNode | None, why: str) -> Spare
 
 
 def _skipped(k: KubeNode, opt_out_label: str) -> bool:
-    return k.labels.get(STATE_LABEL) == QUARANTINED or label_is_set(k.labels, opt_out_label) or not k.ready
+    return (
+        k.labels.get(STATE_LABEL) == QUARANTINED
+        or label_is_set(k.labels, opt_out_label)
+        or not k.ready
+        or LEND_LABEL in k.labels  # lent to inference: the lender's (remediation/lender.py)
+    )
 
 
 def _new_first(pool: PoolDecl, k: KubeNode) -> tuple[bool, str, str]:

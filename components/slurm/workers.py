@@ -134,10 +134,11 @@ def _pod(args: SlurmWorkersArgs) -> k8s.core.v1.PodSpecArgs:
         termination_grace_period_seconds=args.grace_seconds + 30,
         service_account_name=args.service_account,
         # off a node while the recovery ladder resets or validates its GPUs (slurmd holds their
-        # allocation): roles/ladder/tasks/holders.yml
+        # allocation): roles/ladder/tasks/holders.yml; and off a node lent to inference
+        # (remediation/lender.py), whose GPUs then go to the inference pods
         affinity=k8sargs.required_node_affinity(
             [k8sargs.node_has(k, v) for k, v in sorted(placement.selector.items())]
-            + [k8sargs.gpu_agents_running()]
+            + [k8sargs.gpu_agents_running(), k8sargs.not_lent()]
         ),
         tolerations=placement.tolerations(),
         init_containers=munge,

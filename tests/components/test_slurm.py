@@ -120,6 +120,8 @@ def test_slurmd_runs_on_the_pools_nodes_with_all_their_gpus(lab):
             "matchExpressions": [
                 {"key": "autoheal.io/pool", "operator": "In", "values": ["h100"]},
                 {"key": "autoheal.io/gpu-agents", "operator": "NotIn", "values": ["stopped"]},
+                # off a node lent to inference (remediation/lender.py)
+                {"key": "autoheal.io/lend", "operator": "NotIn", "values": ["lent", "returning"]},
             ]
         }
     ]

@@ -89,7 +89,7 @@ def test_between_equal_priorities_the_most_recently_checkpointed_goes_first() ->
 
 
 def test_enough_nodes_for_the_gpus_wanted_counting_gpus_coming_and_free() -> None:
-    coming = busy("c", Job("1", 1), state=LENDING, moved_at=NOW)
+    coming = busy("c", Job("1", 1), state=LENDING, moved_at=NOW, drained=True, reason=LEND_REASON)
     nodes = [node("a"), node("b"), coming, node("d", state=LENT, inference_gpus=2)]
     # 10 GPUs wanted: 4 coming on c, 2 free on d -> one more node
     assert verbs(plan(nodes, Demand(3, 10), WIDE, NOW)) == [("a", "lend")]
@@ -129,7 +129,9 @@ def test_only_candidates_are_lent_an_admins_drain_is_never_taken() -> None:
 
 
 def test_a_lending_node_is_lent_once_its_jobs_end_requeued_past_the_grace_or_rolled_back() -> None:
-    waiting = busy("a", Job("7", 1), state=LENDING, moved_at=NOW - 5)
+    waiting = busy("a", Job("7", 1), state=LENDING, moved_at=NOW - 5, drained=True, reason=LEND_REASON)
+    # labelled lending, the runner restarted before the drain: drained now
+    assert verbs(plan([replace(waiting, drained=False)], Demand(1, 4), WIDE, NOW)) == [("a", "drain")]
     assert plan([waiting], Demand(1, 4), WIDE, NOW).moves == []  # jobs run, within grace
     late = replace(waiting, moved_at=NOW - 25)
     assert verbs(plan([late], Demand(1, 4), WIDE, NOW)) == [("a", "requeue")]
@@ -178,7 +180,7 @@ def test_flapping_demand_moves_no_node_twice_within_the_cooldown() -> None:
 
 def test_pause_finishes_moves_under_way_and_starts_none() -> None:
     paused = replace(WIDE, paused=True)
-    nodes = [node("a"), node("b", state=LENDING, moved_at=NOW), node("c", state=RET)]
+    nodes = [node("a"), node("b", state=LENDING, moved_at=NOW, drained=True), node("c", state=RET)]
     assert verbs(plan(nodes, Demand(1, 8), paused, NOW)) == [("b", "lent"), ("c", "returned")]
     lent = node("d", state=LENT, moved_at=0)
     assert plan([lent], Demand(), paused, NOW, {"d": 0.0}).moves == []

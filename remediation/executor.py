@@ -40,7 +40,8 @@ INCIDENT_ID_RE = re.compile(r"^(?:inc|man)-[0-9a-f]{12}$")
 PHASE_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 PLAYBOOK_RE = re.compile(r"^[a-z0-9_][a-z0-9_-]{0,63}\.ya?ml$")
 EVENT_STATUSES = frozenset({"start", "ok", "failed"})
-PLAY_TIERS = frozenset({"restart_app", "reset", "reboot", "replace", "quarantine"})  # the ladder's rungs
+# the ladder's rungs (drain: the degraded play's gentle rung, playbooks/gpu_degraded.yml)
+PLAY_TIERS = frozenset({"restart_app", "drain", "reset", "reboot", "replace", "quarantine"})
 STOP_AFTER = frozenset({"", "fenced"})
 SIGNAL_LEDGER = "signalled.json"  # beside the run's journal events (the fence module's signal_ledger)
 _STEP_END = {

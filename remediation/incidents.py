@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 
 from autoheal.errors import ValidationError
+from autoheal.faults import FaultCatalog, load_fault_catalog
 from autoheal.monitoring import KERNEL_LINE_ANNOTATION, SOURCE_LABEL
 from autoheal.names import validate_node_name
 from autoheal.xid import Tier, XidCatalog
@@ -67,12 +68,16 @@ class Incident:
     message: str = ""  # the driver's message, sanitised (printable ASCII, <= 256 characters)
     source: str = ""  # who saw it: watcher, dcgm, lost-gpu (the alert's `source` label), if valid
     kernel_line: str = ""  # the driver's kernel record (the watcher's), sanitised, for the evidence
+    fault: str = ""  # a degraded fault's class, as the fault catalogue names it (autoheal/faults.py)
 
     def facts(self) -> str:
         """The timeline's record of who saw the fault and what the driver said ("" if nothing)."""
-        if self.detail.empty and not self.message and not self.source and not self.kernel_line:
+        said = self.message or self.source or self.kernel_line or self.fault
+        if self.detail.empty and not said:
             return ""
         data: dict[str, str | float] = {"source": self.source, **self.detail.to_annotations()}
+        if self.fault:
+            data["fault"] = self.fault
         if self.message:
             data["message"] = self.message
         if self.kernel_line:
@@ -119,7 +124,21 @@ def classify(rule: Rule, catalog: XidCatalog, xid: int, detail: XidDetail) -> Ti
     return rule.tier or catalog.resolve(xid, detail).tier
 
 
-def normalise(alert: Alert, rule: Rule, catalog: XidCatalog) -> Incident | Rejected:
+def _degraded(rule: Rule, labels: dict[str, str], faults: FaultCatalog) -> tuple[str, Tier] | Rejected:
+    """A degraded fault's class and rung: the label must name a class of the fault catalogue
+    (exactly: alert text is never trusted to be what it says), the rung is the catalogue's."""
+    assert rule.fault_label is not None
+    entry = faults.get(labels.get(rule.fault_label, ""))
+    if entry is None:
+        return Rejected(
+            f"label {rule.fault_label} is missing or not a fault class of catalogue v{faults.version}"
+        )
+    return entry.name.value, rule.tier or entry.tier
+
+
+def normalise(
+    alert: Alert, rule: Rule, catalog: XidCatalog, faults: FaultCatalog | None = None
+) -> Incident | Rejected:
     """Turn a routed alert into an Incident, or a Rejected with a reason (no alert text in it)."""
     labels = alert.labels
     node_label = next((n for n in rule.node_labels if n in labels), None)
@@ -129,10 +148,16 @@ def normalise(alert: Alert, rule: Rule, catalog: XidCatalog) -> Incident | Rejec
         node = validate_node_name(labels[node_label], field=f"label {node_label}")
     except ValidationError:
         return Rejected(f"label {node_label} is not a valid node name")
+    degraded: tuple[str, Tier] | None = None
+    if rule.fault_label is not None:
+        found = _degraded(rule, labels, faults or load_fault_catalog())
+        if isinstance(found, Rejected):
+            return found
+        degraded = found
     raw_xid = labels.get(rule.xid_label)
     if raw_xid is not None and _SMALL_INT.fullmatch(raw_xid) and 0 < int(raw_xid) < 1000:
         xid = int(raw_xid)
-    elif raw_xid is None and rule.tier is not None:
+    elif raw_xid is None and (rule.tier is not None or degraded is not None):
         xid = 0
     else:
         return Rejected(f"label {rule.xid_label} is missing or not an XID number")
@@ -141,7 +166,7 @@ def normalise(alert: Alert, rule: Rule, catalog: XidCatalog) -> Incident | Rejec
         int(raw_gpu) if raw_gpu is not None and _SMALL_INT.fullmatch(raw_gpu) and int(raw_gpu) < 64 else None
     )
     detail = XidDetail.from_annotations(dict(alert.annotations))
-    tier = classify(rule, catalog, xid, detail)
+    tier = degraded[1] if degraded is not None else classify(rule, catalog, xid, detail)
     source = labels.get(SOURCE_LABEL, "")
     parts = [rule.fault_class + (":notify" if tier is Tier.NOTIFY else "")]
     parts += [_SAFE_KEY.sub("_", labels.get(k, ""))[:64] for k in rule.group_by if k not in rule.node_labels]
@@ -160,6 +185,7 @@ def normalise(alert: Alert, rule: Rule, catalog: XidCatalog) -> Incident | Rejec
         message=sanitise(alert.annotations.get("message", "")),
         source=source if _SOURCE.fullmatch(source) else "",
         kernel_line=kernel_line(alert.annotations.get(KERNEL_LINE_ANNOTATION, "")),
+        fault=degraded[0] if degraded is not None else "",
     )
 
 
@@ -167,11 +193,17 @@ class Intake:
     """Records a webhook delivery in the journal, deduplicating into incidents, atomically."""
 
     def __init__(
-        self, journal: Journal, rules: Rules, catalog: XidCatalog, dedup_window_seconds: int
+        self,
+        journal: Journal,
+        rules: Rules,
+        catalog: XidCatalog,
+        dedup_window_seconds: int,
+        faults: FaultCatalog | None = None,
     ) -> None:
         self.journal = journal
         self.rules = rules
         self.catalog = catalog
+        self.faults = faults or load_fault_catalog()
         self.dedup_window = dedup_window_seconds
 
     def route(self, payload: WebhookPayload) -> list[Routed]:
@@ -183,7 +215,9 @@ class Intake:
         routed: list[Routed] = []
         for alert in payload.alerts:
             rule = self.rules.route(alert.labels)
-            routed.append((alert, None if rule is None else normalise(alert, rule, self.catalog)))
+            routed.append(
+                (alert, None if rule is None else normalise(alert, rule, self.catalog, self.faults))
+            )
         usable = [x for _, x in routed if isinstance(x, Incident)]
         rejected = [x for _, x in routed if isinstance(x, Rejected)]
         if rejected and not usable:

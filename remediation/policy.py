@@ -5,7 +5,8 @@ The order of checks is the order of harm avoided:
   per-node cap    -> a node failing more than K times in a window is quarantined (fence + page),
                      no more automatic loops;
   escalation      -> a fault repeating on its node past the catalogue's threshold climbs one rung of
-                     the recovery ladder (restart_app -> reset -> reboot -> replace), and an
+                     the recovery ladder (restart_app -> reset -> reboot -> replace; a degraded
+                     node's drain -> quarantine, by the fault catalogue's threshold), and an
                      application XID (13, 31) repeating on one GPU is reset and validated;
   opt-out         -> a node label or a labelled pod on the node: fence + notify only;
   circuit breaker -> once open (latched), nothing new runs until a human resets it;
@@ -22,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from autoheal.faults import FaultCatalog, load_fault_catalog
 from autoheal.xid import Tier, XidCatalog
 from remediation.config import RunnerConfig
 from remediation.journal import IncidentRecord, Journal
@@ -80,11 +82,19 @@ def budget_limit(max_nodes: int, max_pool_percent: float, pool_size: int | None)
 
 
 class Policy:
-    def __init__(self, config: RunnerConfig, journal: Journal, kube: KubeView, catalog: XidCatalog) -> None:
+    def __init__(
+        self,
+        config: RunnerConfig,
+        journal: Journal,
+        kube: KubeView,
+        catalog: XidCatalog,
+        faults: FaultCatalog | None = None,
+    ) -> None:
         self.config = config
         self.journal = journal
         self.kube = kube
         self.catalog = catalog
+        self.faults = faults or load_fault_catalog()
 
     def decide(self, pending: list[IncidentRecord], now: float) -> tuple[list[Decision], str | None]:
         """Decisions for `pending` (oldest first) and, if this round trips the breaker, why."""
@@ -138,7 +148,7 @@ class Policy:
     ) -> tuple[Tier, Action, bool, str]:
         """Escalation, opt-out and the per-node cap: (tier, action, opt-out, reason)."""
         cfg = self.config
-        esc = self.catalog.escalation
+        esc = self.faults.escalation if tier is Tier.DRAIN else self.catalog.escalation
         repeats = self.journal.count_node_incidents(inc.node, now - esc.window_seconds)
         reason = "admitted"
         diag = self.catalog.diagnose_on_repeat

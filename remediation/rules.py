@@ -160,6 +160,9 @@ class _AutohealOptions(BaseModel):
     xid_label: str = "xid"
     tier: Tier | None = None
     fault_class: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+    # the label naming a degraded fault class (autoheal/faults.py): an alert whose value the fault
+    # catalogue does not list is refused, and the rung comes from the catalogue
+    fault_label: str | None = Field(default=None, pattern=r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")
     dry_run: bool = False
 
 
@@ -202,6 +205,7 @@ class Rule:
     tier: Tier | None
     fault_class: str
     dry_run: bool
+    fault_label: str | None = None
 
     def matches(self, labels: dict[str, str]) -> bool:
         return all(t.matches(labels) for t in self.terms)
@@ -282,6 +286,7 @@ def parse_rules(data: Any, origin: str) -> Rules:
                     tier=opts.tier,
                     fault_class=opts.fault_class or re.sub(r"[^a-z0-9_.-]+", "-", r.name.lower()),
                     dry_run=opts.dry_run,
+                    fault_label=opts.fault_label,
                 )
             )
     if not out:

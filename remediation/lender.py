@@ -176,7 +176,7 @@ class KubeLending(KubeNodes):
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{node}.lending.", "namespace": namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node},
             "reason": reason,
             "message": message[:1000],
             "type": "Normal",

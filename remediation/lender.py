@@ -313,10 +313,11 @@ class Lender(LeaderLoop):
         if self.dry_run:
             self._dry(result)
             return result
+        by_name = {n.name: n for n in nodes}
         for m in result.moves:
             if not self.leading():
                 break  # deposed mid-pass: the new leader decides from here
-            self._apply(m, pods, now)
+            self._apply(m, by_name[m.node], pods, now)
         return result
 
     def _say_short(self, result: Plan, demand: Demand) -> None:
@@ -353,7 +354,7 @@ class Lender(LeaderLoop):
             "why": m.why,
         }
 
-    def _apply(self, m: Move, pods: Sequence[InferencePod], now: float) -> None:
+    def _apply(self, m: Move, n: PoolNode, pods: Sequence[InferencePod], now: float) -> None:
         if m.verb == "lend":
             self.kube.set_side(m.node, LendState.LENDING, moved_at=now)
             self.slurm.drain([m.node], LEND_REASON)
@@ -366,7 +367,8 @@ class Lender(LeaderLoop):
         elif m.verb == "lent":
             self.kube.set_side(m.node, LendState.LENT)
         elif m.verb == "rollback":
-            self.slurm.resume([m.node])
+            if n.ours_in_slurm:  # an admin's drain meanwhile stays theirs
+                self.slurm.resume([m.node])
             self.kube.set_side(m.node, LendState.TRAINING)
         elif m.verb == "return":
             self.kube.set_side(m.node, LendState.RETURNING, moved_at=now, cordon=True)

@@ -4,6 +4,8 @@ A real node has /dev/kmsg and nvidia-smi; a simulated one has, under `<dir>/<nod
   kmsg      kmsg records (autoheal.kmsg's format), appended as the NVIDIA driver would print them:
             the driver's GPU announcements at "boot", then every injected XID's line
   gpus.csv  what ``nvidia-smi --query-gpu=index,pci.bus_id,uuid,name --format=csv,noheader`` prints
+  sys/      the sysfs files the watcher's link checks read (lab.sysfs): one InfiniBand port
+            (mlx5_0/1, ACTIVE) and each GPU's PCIe link at x16 gen5; a flapped link writes there
 
 Each GPU gets a PCI bus id (an HGX H100 board's, for the first eight) and a UUID derived from the
 node's name, so identities are stable across simulator restarts and fleet changes.
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 
 from autoheal.kmsg import format_record, parse_record
+from lab.sysfs import FakeSysfs
 
 # HGX H100 8-GPU boards enumerate their GPUs on these buses; GPUs 8-15 get made-up ones
 HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -78,8 +81,20 @@ class KernelLogs:
     def csv_path(self, node: str) -> Path:
         return self.root / node / "gpus.csv"
 
+    def sysfs(self, node: str) -> FakeSysfs:
+        return FakeSysfs(self.root / node / "sys")
+
+    def _ensure_sysfs(self, node: str) -> None:
+        if (self.root / node / "sys").exists():
+            return
+        tree = self.sysfs(node)
+        tree.add_ib_port("mlx5_0", 1)
+        for g in range(self.gpus):
+            tree.add_pci(f"{bus_id(g)}.0")
+
     def ensure(self, node: str, model: str) -> None:
         """Create a node's files once ("boot": the driver announces each GPU)."""
+        self._ensure_sysfs(node)
         if self.kmsg_path(node).exists():
             return
         d = self.root / node

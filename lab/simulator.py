@@ -21,6 +21,9 @@ API (JSON):  GET /healthz   GET /metrics   GET /v1/nodes   PUT /v1/nodes {"nodes
              POST /v1/health {"node", "peek"?}  -> {"node", "healthy", "failures": [...], "gpus": [...]}
              POST /v1/reset {"node", "gpu"?}   POST /v1/reboot {"node"}
              POST /v1/faults {"node", "health_failures"?: n, "reset"?: "ok|fail|hang", "reboot"?: ...}
+             POST /v1/link {"node", "flaps": n}  (the node's InfiniBand port lost its link n times:
+                           its sysfs link_downed counter grows, as the watcher's link check reads)
+             POST /v1/pcie {"node", "gpu", "width"}  (the GPU's PCIe link retrained at that width)
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from prometheus_client.registry import Collector
 
 from autoheal.names import is_node_name
 from lab.httpd import LabHTTPServer
-from lab.kernlog import KernelLogs, fallen_message, gpu_uuid, xid_message
+from lab.kernlog import KernelLogs, bus_id, fallen_message, gpu_uuid, xid_message
 
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
 MAX_MESSAGE = 512
@@ -106,6 +109,15 @@ class Fleet(Collector):
         if self.logs is not None:
             lines = [xid_message(gpu, xid, message)] + ([fallen_message(gpu)] if xid == 79 else [])
             self.logs.write(node, lines)
+
+    def flap_link(self, node: str, flaps: int) -> None:
+        """The node's InfiniBand port lost its link `flaps` times (sysfs link_downed grows)."""
+        if self.logs is not None:
+            self.logs.sysfs(node).flap("mlx5_0", 1, flaps)
+
+    def pcie_width(self, node: str, gpu: int, width: int) -> None:
+        if self.logs is not None:
+            self.logs.sysfs(node).set_link(f"{bus_id(gpu)}.0", width=width)
 
     def kmsg(self, node: str, message: str) -> None:
         """Append a raw message to a node's kernel log."""
@@ -287,6 +299,16 @@ def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestH
                     if not (isinstance(message, str) and len(message) <= MAX_MESSAGE):
                         raise ValueError(f"message: a string of at most {MAX_MESSAGE} characters")
                     fleet.kmsg(str(node), message)
+                elif self.path == "/v1/link":
+                    flaps = body.get("flaps", 1)
+                    if not (isinstance(flaps, int) and 1 <= flaps <= 1000):
+                        raise ValueError("flaps: an integer 1..1000")
+                    fleet.flap_link(str(node), flaps)
+                elif self.path == "/v1/pcie":
+                    width = body.get("width")
+                    if gpu is None or not (isinstance(width, int) and width in (1, 2, 4, 8, 16)):
+                        raise ValueError("pcie: a gpu and a width of 1, 2, 4, 8 or 16 are required")
+                    fleet.pcie_width(str(node), gpu, width)
                 elif self.path == "/v1/clear":
                     fleet.clear(str(node), gpu)
                 elif self.path in ("/v1/health", "/v1/reset", "/v1/reboot", "/v1/faults"):

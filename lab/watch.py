@@ -55,6 +55,9 @@ def start(cfg: LabConfig, nodes: list[str]) -> list[str]:
                 f"--gpu-map=file:{d / 'gpus.csv'}",
                 f"--alertmanager={cfg.url('alertmanager')}",
                 f"--state={cfg.run_dir / 'watchers' / f'{node}.json'}",
+                # the node's simulated sysfs (lab.kernlog: an InfiniBand port, the GPUs' PCIe links)
+                f"--sysfs-root={d / 'sys'}",
+                "--link-poll-seconds=0.5",
                 # the lab injects, clears and injects again within minutes: short-lived alerts
                 "--resend-seconds=5",
                 "--hold-seconds=20",

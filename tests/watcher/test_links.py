@@ -221,3 +221,19 @@ def test_a_flapping_port_reaches_the_runners_webhook_through_alertmanager(
     assert alert["labels"]["tier"] == "drain"
     assert alert["labels"]["device"] == "mlx5_0/1"
     print(f"flap -> webhook {d.at - t0:.2f}s")
+
+
+def test_the_simulators_nodes_have_a_sysfs_it_flaps_and_downtrains(tmp_path: Path) -> None:
+    """lab.simulator writes what the lab's watchers read: a node's tree at boot, a flapped port
+    and a GPU's PCIe link retrained narrower."""
+    from lab.simulator import Fleet
+
+    fleet = Fleet(2, kmsg_dir=tmp_path / "gpunodes")
+    fleet.set_nodes({"gpu-1": "m"})
+    mon = LinkMonitor(tmp_path / "gpunodes" / "gpu-1" / "sys", CAT)
+    assert mon.poll(1000.0) == []
+    fleet.flap_link("gpu-1", FLAP.threshold)
+    fleet.pcie_width("gpu-1", 1, 8)
+    found = _faults(mon.poll(1001.0) + mon.poll(1001.0 + PCIE.sustain_seconds))
+    assert (FaultClass.LINK_FLAP, "mlx5_0/1") in found
+    assert (FaultClass.PCIE_DOWNTRAINED, "0000:2a:00.0") in found

@@ -6,7 +6,9 @@ mount; the container is privileged, the one setting that lets it open the device
 `kmsg_security_context` and docs/operations.md, "Privileges"), maps bus ids to GPUs
 from /proc/driver/nvidia (the driver's procfs is not namespaced), and keeps its cursor and
 undelivered alerts in a hostPath directory, so a restarted or rescheduled pod on the same node
-neither re-posts old lines nor loses alerts it had not delivered. Its /metrics and /healthz are
+neither re-posts old lines nor loses alerts it had not delivered. It also reads the node's sysfs
+(the host's /sys, read-only at SYSFS_ROOT) for degraded links: flapping InfiniBand/RoCE ports,
+climbing NIC error counters, PCIe links trained down (watcher/links.py). Its /metrics and /healthz are
 on WATCHER_PORT (scraped by annotation; /healthz is the liveness probe). It runs from the
 runner's image, which carries the whole autoheal package.
 """
@@ -35,6 +37,7 @@ WATCHER_LABELS = base_labels("xid-watcher", "xid-watcher")
 
 
 KERNEL_LOG_DIR = "/var/run/autoheal-kernel-log"  # where kernel_log_dir is mounted in the pod
+SYSFS_ROOT = "/host/sys"  # where the node's /sys is mounted in the pod (read-only)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,12 @@ def xid_watcher(
             k8s.core.v1.VolumeArgs(
                 name="state", host_path=host(path=STATE_HOST_DIR, type="DirectoryOrCreate")
             ),
+            # a simulated node's sysfs lies in its kernel-log folder (lab.kernlog)
+            *(
+                [k8s.core.v1.VolumeArgs(name="sys", host_path=host(path="/sys", type="Directory"))]
+                if args.kernel_log_dir is None
+                else []
+            ),
         ],
     )
     scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(WATCHER_PORT)}
@@ -81,17 +90,18 @@ def xid_watcher(
     )
 
 
-def _sources(args: XidWatcherArgs) -> tuple[str, str, str]:
-    """(where /dev/kmsg's volume is mounted, the kernel log path, the GPU map) of the container.
-    A kernel-log directory holds one folder per node: $(NODE_NAME) is expanded by the kubelet."""
+def _sources(args: XidWatcherArgs) -> tuple[str, str, str, str]:
+    """(where /dev/kmsg's volume is mounted, the kernel log path, the GPU map, the sysfs root) of
+    the container. A kernel-log directory holds one folder per node: $(NODE_NAME) is expanded by
+    the kubelet."""
     if args.kernel_log_dir is None:
-        return KMSG, KMSG, "auto"
+        return KMSG, KMSG, "auto", SYSFS_ROOT
     node = f"{KERNEL_LOG_DIR}/$(NODE_NAME)"
-    return KERNEL_LOG_DIR, f"{node}/kmsg", f"file:{node}/gpus.csv"
+    return KERNEL_LOG_DIR, f"{node}/kmsg", f"file:{node}/gpus.csv", f"{node}/sys"
 
 
 def _container(args: XidWatcherArgs) -> k8s.core.v1.ContainerArgs:
-    mount, path, gpu_map = _sources(args)
+    mount, path, gpu_map, sysfs = _sources(args)
     return k8s.core.v1.ContainerArgs(
         name="xid-watcher",
         image=args.image,
@@ -109,6 +119,7 @@ def _container(args: XidWatcherArgs) -> k8s.core.v1.ContainerArgs:
             k8sargs.env("AUTOHEAL_WATCH_GPU_MAP", gpu_map),
             k8sargs.env("AUTOHEAL_WATCH_STATE", f"{STATE_DIR}/state.json"),
             k8sargs.env("AUTOHEAL_WATCH_LISTEN", f"0.0.0.0:{WATCHER_PORT}"),
+            k8sargs.env("AUTOHEAL_WATCH_SYSFS_ROOT", sysfs),
         ],
         ports=[k8s.core.v1.ContainerPortArgs(name="metrics", container_port=WATCHER_PORT)],
         security_context=kmsg_security_context() if args.kernel_log_dir is None else _file_security_context(),
@@ -120,6 +131,7 @@ def _container(args: XidWatcherArgs) -> k8s.core.v1.ContainerArgs:
         volume_mounts=[
             k8sargs.mount("kmsg", mount, read_only=True),
             k8s.core.v1.VolumeMountArgs(name="state", mount_path=STATE_DIR, sub_path_expr="$(NODE_NAME)"),
+            *([k8sargs.mount("sys", SYSFS_ROOT, read_only=True)] if args.kernel_log_dir is None else []),
         ],
     )
 

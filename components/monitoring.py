@@ -9,7 +9,9 @@
 * The Prometheus rule group comes from `autoheal.monitoring.render_xid_rules()`, i.e. from the XID
   catalogue the runner also classifies with, so what alerts and what acts cannot disagree. With the
   Prometheus Operator (`prometheus_operator=True`) it is a PrometheusRule; otherwise a ConfigMap
-  (`autoheal-xid-rules`, key `xid.rules.yml`) for a Prometheus that loads rule files.
+  (`autoheal-xid-rules`, key `xid.rules.yml`) for a Prometheus that loads rule files. The
+  degraded-node group (`render_degraded_rules()`, from the fault catalogue: GPU throttling, row
+  remaps, stragglers) rides along: a second group of the PrometheusRule, key `degraded.rules.yml`.
 * The Alertmanager route and webhook receiver come from
   `autoheal.monitoring.render_alertmanager_config()`, pointing at the runner Service's URL. The
   bearer token is only ever *referenced*: an AlertmanagerConfig's `credentials` selects the
@@ -30,7 +32,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from autoheal import labels as lb
-from autoheal.monitoring import render_alertmanager_config, render_xid_rules
+from autoheal.monitoring import render_alertmanager_config, render_degraded_rules, render_xid_rules
 from components import k8sargs
 from components.common import SecretRef, await_annotations, base_labels, child
 from components.xid_watcher import (
@@ -161,12 +163,15 @@ class GpuMonitoring(pulumi.ComponentResource):
             skip,
         )
         self.rules = render_xid_rules()
+        # faults that slow a job (autoheal/data/fault_catalog.yaml): DCGM throttling, row remaps, stragglers
+        self.degraded_rules = render_degraded_rules()
         alertmanager = self._alertmanager_config()
         if args.prometheus_operator:
             self._operator_objects(alertmanager)
         else:
             self._config_files(alertmanager)
-        self.register_outputs({"ruleGroups": [g["name"] for g in self.rules["groups"]]})
+        groups = [*self.rules["groups"], *self.degraded_rules["groups"]]
+        self.register_outputs({"ruleGroups": [g["name"] for g in groups]})
 
     def _dcgm_exporter(self, skip: dict[str, str]) -> k8s.apps.v1.DaemonSet:
         """On every node of a GPU pool (the pool label exists), whatever its taints: spares,
@@ -232,7 +237,8 @@ class GpuMonitoring(pulumi.ComponentResource):
         route = pulumi.Output.all(alertmanager, secret.name).apply(
             lambda a: alertmanager_config_spec(a[0], a[1], secret.key)
         )
-        self._custom("xid-rules", "v1", "PrometheusRule", "autoheal-xid-rules", RULE_LABELS, self.rules)
+        rules = {"groups": [*self.rules["groups"], *self.degraded_rules["groups"]]}
+        self._custom("xid-rules", "v1", "PrometheusRule", "autoheal-xid-rules", RULE_LABELS, rules)
         self._custom("dcgm-monitor", "v1", "ServiceMonitor", "dcgm-exporter", DCGM_LABELS, monitor)
         self._custom(
             "alertmanager", "v1alpha1", "AlertmanagerConfig", "autoheal-runner", ALERTMANAGER_LABELS, route
@@ -257,7 +263,10 @@ class GpuMonitoring(pulumi.ComponentResource):
         k8s.core.v1.ConfigMap(
             f"{self._name}-xid-rules",
             metadata=k8sargs.meta("autoheal-xid-rules", ns, RULE_LABELS),
-            data={"xid.rules.yml": yaml.safe_dump(self.rules, sort_keys=False)},
+            data={
+                "xid.rules.yml": yaml.safe_dump(self.rules, sort_keys=False),
+                "degraded.rules.yml": yaml.safe_dump(self.degraded_rules, sort_keys=False),
+            },
             opts=child(self),
         )
         secret_annotation = pulumi.Output.concat(secret.namespace, "/", secret.name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from autoheal.monitoring import render_alertmanager_config, render_xid_rules
+from autoheal.monitoring import render_alertmanager_config, render_degraded_rules, render_xid_rules
 from components.common import SecretRef
 from components.monitoring import GpuMonitoring, GpuMonitoringArgs
 from tests.components.harness import pod_spec, run_program
@@ -17,6 +17,7 @@ TOKEN = SecretRef(name="autoheal-runner-token", key="token", namespace="autoheal
 def test_rules_config_map_is_the_catalogue_rule_group(lab):
     cm = lab.one("kubernetes:core/v1:ConfigMap", "autoheal-xid-rules")
     assert yaml.safe_load(cm.inputs["data"]["xid.rules.yml"]) == render_xid_rules()
+    assert yaml.safe_load(cm.inputs["data"]["degraded.rules.yml"]) == render_degraded_rules()
 
 
 def test_alertmanager_receiver_points_at_the_runner_with_a_token_file(lab):
@@ -71,7 +72,9 @@ def test_with_the_operator_rules_and_route_are_custom_resources_with_a_secret_se
         )
     )
     crs = {r.inputs["kind"]: r for r in rec.of_type("kubernetes:monitoring.coreos.com/v1:PrometheusRule")}
-    assert crs["PrometheusRule"].inputs["spec"] == render_xid_rules()
+    assert crs["PrometheusRule"].inputs["spec"] == {
+        "groups": render_xid_rules()["groups"] + render_degraded_rules()["groups"]
+    }
     (amc,) = rec.of_type("kubernetes:monitoring.coreos.com/v1alpha1:AlertmanagerConfig")
     spec = amc.inputs["spec"]
     (receiver,) = spec["receivers"]

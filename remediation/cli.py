@@ -308,7 +308,9 @@ def run(
     node: Annotated[str, typer.Option("--node", "-n", help="Node name (validated).")],
     config: ConfigOpt = DEFAULT_CONFIG,
     check: Annotated[bool, typer.Option("--check", help="Check mode: change nothing.")] = False,
-    tier: Annotated[str, typer.Option(help="restart_app, reset, reboot, replace or quarantine.")] = "reset",
+    tier: Annotated[
+        str, typer.Option(help="restart_app, drain, reset, reboot, replace or quarantine.")
+    ] = "reset",
     xid: Annotated[int, typer.Option(min=0, max=999, help="XID to report to the play.")] = 0,
     gpu: Annotated[int | None, typer.Option(min=0, max=63, help="GPU index.")] = None,
     opt_out: Annotated[bool, typer.Option("--opt-out", help="Fence and notify only.")] = False,

@@ -15,8 +15,10 @@ import httpx
 import yaml
 
 from autoheal.errors import LabError
+from autoheal.faults import FaultCatalog, load_fault_catalog
 from autoheal.monitoring import (
     render_alertmanager_config,
+    render_degraded_rules,
     render_prometheus_config,
     render_xid_rules,
 )
@@ -25,6 +27,18 @@ from lab.config import LabConfig
 
 PROMETHEUS = "prometheus"
 ALERTMANAGER = "prometheus-alertmanager"
+# the degraded-node rules hold for minutes in production (fault_catalog.yaml's sustain_seconds);
+# the lab's for seconds, as its watchers' alerts are short-lived
+LAB_SUSTAIN_S = 3
+
+
+def lab_fault_catalog() -> FaultCatalog:
+    """The shipped fault catalogue with every sustain cut to LAB_SUSTAIN_S at most."""
+    cat = load_fault_catalog()
+    short = tuple(
+        f.model_copy(update={"sustain_seconds": min(f.sustain_seconds, LAB_SUSTAIN_S)}) for f in cat.faults
+    )
+    return cat.model_copy(update={"faults": short})
 
 
 def check_installed() -> None:
@@ -43,8 +57,10 @@ def write_config(cfg: LabConfig) -> None:
         token.write_text(secrets.token_urlsafe(32))
         token.chmod(0o600)
     (d / "xid.rules.yml").write_text(yaml.safe_dump(render_xid_rules(), sort_keys=False))
+    degraded = render_degraded_rules(lab_fault_catalog())
+    (d / "degraded.rules.yml").write_text(yaml.safe_dump(degraded, sort_keys=False))
     prom = render_prometheus_config(
-        [str(d / "xid.rules.yml")],
+        [str(d / "xid.rules.yml"), str(d / "degraded.rules.yml")],
         [f"127.0.0.1:{cfg.port('simulator')}"],
         f"127.0.0.1:{cfg.port('alertmanager')}",
         interval=cfg.interval,

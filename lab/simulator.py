@@ -24,6 +24,9 @@ API (JSON):  GET /healthz   GET /metrics   GET /v1/nodes   PUT /v1/nodes {"nodes
              POST /v1/link {"node", "flaps": n}  (the node's InfiniBand port lost its link n times:
                            its sysfs link_downed counter grows, as the watcher's link check reads)
              POST /v1/pcie {"node", "gpu", "width"}  (the GPU's PCIe link retrained at that width)
+             POST /v1/gpu_state {"node", "gpu", "throttle_reasons"?: mask, "row_remap_pending"?: bool}
+                           (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, DCGM_FI_DEV_ROW_REMAP_PENDING: what
+                           the degraded-node rules read; a GPU reset applies a pending remap)
 """
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ class Fleet(Collector):
         self.nodes: dict[str, str] = {}
         self.xids: dict[tuple[str, int], int] = {}
         self.lost: set[tuple[str, int]] = set()  # GPUs whose series vanished (DCGM lost them)
+        # degraded GPUs (not kept across a simulator restart): clock throttle reasons, remap pending
+        self.throttle: dict[tuple[str, int], int] = {}
+        self.remap_pending: set[tuple[str, int]] = set()
         # injected faults of the ladder itself, per node: health checks left to fail, and how the
         # next resets / reboots behave ("fail", "hang"); plus what the ladder did, for tests
         self.health_failures: dict[str, int] = {}
@@ -119,6 +125,15 @@ class Fleet(Collector):
         if self.logs is not None:
             self.logs.sysfs(node).set_link(f"{bus_id(gpu)}.0", width=width)
 
+    def gpu_state(self, node: str, gpu: int, throttle: int | None, remap_pending: bool | None) -> None:
+        with self.lock:
+            if throttle is not None:
+                self.throttle[(node, gpu)] = throttle
+            if remap_pending is True:
+                self.remap_pending.add((node, gpu))
+            elif remap_pending is False:
+                self.remap_pending.discard((node, gpu))
+
     def kmsg(self, node: str, message: str) -> None:
         """Append a raw message to a node's kernel log."""
         if self.logs is not None:
@@ -128,6 +143,10 @@ class Fleet(Collector):
         with self.lock:
             self.xids = {k: v for k, v in self.xids.items() if not (k[0] == node and gpu in (None, k[1]))}
             self.lost = {k for k in self.lost if not (k[0] == node and gpu in (None, k[1]))}
+            self.throttle = {
+                k: v for k, v in self.throttle.items() if not (k[0] == node and gpu in (None, k[1]))
+            }
+            self.remap_pending = {k for k in self.remap_pending if not (k[0] == node and gpu in (None, k[1]))}
             self._save()
 
     def faults(self, node: str, health_failures: int | None, reset: str | None, reboot: str | None) -> None:
@@ -182,6 +201,7 @@ class Fleet(Collector):
         self._act(node, "reset")
         with self.lock:
             self.xids = {k: v for k, v in self.xids.items() if not (k[0] == node and k[1] in gpus)}
+            self.remap_pending = {k for k in self.remap_pending if not (k[0] == node and k[1] in gpus)}
             self.actions.append({"action": "reset", "node": node, "gpus": gpus, "ts": time.time()})
             self._save()
         return gpus
@@ -192,6 +212,8 @@ class Fleet(Collector):
         with self.lock:
             self.xids = {k: v for k, v in self.xids.items() if k[0] != node}
             self.lost = {k for k in self.lost if k[0] != node}
+            self.remap_pending = {k for k in self.remap_pending if k[0] != node}
+            self.throttle = {k: v for k, v in self.throttle.items() if k[0] != node}
             self.actions.append({"action": "reboot", "node": node, "ts": time.time()})
             self._save()
         if self.logs is not None:
@@ -202,6 +224,8 @@ class Fleet(Collector):
             nodes = dict(self.nodes)
             xids = dict(self.xids)
             lost = set(self.lost)
+            throttle = dict(self.throttle)
+            remap = set(self.remap_pending)
         fams = {
             "xid": GaugeMetricFamily(
                 "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=LABELS
@@ -211,6 +235,12 @@ class Fleet(Collector):
             "power": GaugeMetricFamily("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", labels=LABELS),
             "fb": GaugeMetricFamily(
                 "DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels=LABELS
+            ),
+            "throttle": GaugeMetricFamily(
+                "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Throttling reasons bitmask.", labels=LABELS
+            ),
+            "remap": GaugeMetricFamily(
+                "DCGM_FI_DEV_ROW_REMAP_PENDING", "Row remapping is pending.", labels=LABELS
             ),
         }
         for node, model in sorted(nodes.items()):
@@ -227,6 +257,8 @@ class Fleet(Collector):
                 fams["temp"].add_metric(labels, 61.0 + g if healthy else 0.0)
                 fams["power"].add_metric(labels, 540.0 if healthy else 0.0)
                 fams["fb"].add_metric(labels, 61440.0 if healthy else 0.0)
+                fams["throttle"].add_metric(labels, float(throttle.get((node, g), 0)))
+                fams["remap"].add_metric(labels, 1.0 if (node, g) in remap else 0.0)
         yield from fams.values()
 
 
@@ -309,6 +341,13 @@ def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestH
                     if gpu is None or not (isinstance(width, int) and width in (1, 2, 4, 8, 16)):
                         raise ValueError("pcie: a gpu and a width of 1, 2, 4, 8 or 16 are required")
                     fleet.pcie_width(str(node), gpu, width)
+                elif self.path == "/v1/gpu_state":
+                    mask, pending = body.get("throttle_reasons"), body.get("row_remap_pending")
+                    if gpu is None or not (mask is None or (isinstance(mask, int) and 0 <= mask < 0x10000)):
+                        raise ValueError("gpu_state: a gpu, and throttle_reasons a bitmask 0..0xffff")
+                    if pending is not None and not isinstance(pending, bool):
+                        raise ValueError("row_remap_pending: true or false")
+                    fleet.gpu_state(str(node), gpu, mask, pending)
                 elif self.path == "/v1/clear":
                     fleet.clear(str(node), gpu)
                 elif self.path in ("/v1/health", "/v1/reset", "/v1/reboot", "/v1/faults"):

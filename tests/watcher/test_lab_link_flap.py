@@ -158,3 +158,30 @@ def test_a_gpu_whose_pcie_link_trained_down_is_drained_once_it_held(lab: LabConf
     inc, _phases, facts = incident_of(lab, "gpu-3")
     assert inc.tier == "drain" and '"fault": "pcie_downtrained"' in facts
     print(f"\nPCIe x8 of x16 -> DRAINED: {took:.2f}s (sustain {sustain}s)")
+
+
+def test_dcgm_throttling_for_heat_and_a_pending_row_remap_drain_power_capping_does_not(
+    lab: LabConfig,
+) -> None:
+    """The metric classes: the simulator's DCGM series, the lab's real Prometheus with the
+    degraded rules (their sustain cut to lab.prom.LAB_SUSTAIN_S), the same route and runner."""
+    from lab.prom import LAB_SUSTAIN_S
+
+    sim(lab, "/v1/gpu_state", {"node": "gpu-1", "gpu": 0, "throttle_reasons": 0x4 | 0x1})  # power cap, idle
+    t0 = time.monotonic()
+    sim(lab, "/v1/gpu_state", {"node": "gpu-4", "gpu": 2, "throttle_reasons": 0x40})  # HW thermal
+    wait_for(lambda: "DRAIN" in node(lab, "gpu-4")["state_flags"], 60, "gpu-4 DRAINED")
+    took = time.monotonic() - t0
+    inc, _phases, facts = incident_of(lab, "gpu-4")
+    assert inc.tier == "drain" and '"fault": "gpu_throttle"' in facts and '"source": "dcgm"' in facts
+    time.sleep(LAB_SUSTAIN_S + 3)
+    assert "DRAIN" not in node(lab, "gpu-1")["state_flags"]  # power capping is no fault
+    print(f"\nHW thermal slowdown -> DRAINED: {took:.2f}s (sustain {LAB_SUSTAIN_S}s)")
+
+    sim(lab, "/v1/clear", {"node": "gpu-1"})
+    t0 = time.monotonic()
+    sim(lab, "/v1/gpu_state", {"node": "gpu-1", "gpu": 3, "row_remap_pending": True})
+    wait_for(lambda: "DRAIN" in node(lab, "gpu-1")["state_flags"], 60, "gpu-1 DRAINED")
+    inc, _phases, facts = incident_of(lab, "gpu-1")
+    assert inc.tier == "drain" and '"fault": "row_remap_pending"' in facts
+    print(f"row remap pending -> DRAINED: {time.monotonic() - t0:.2f}s")

@@ -237,3 +237,32 @@ def test_the_simulators_nodes_have_a_sysfs_it_flaps_and_downtrains(tmp_path: Pat
     found = _faults(mon.poll(1001.0) + mon.poll(1001.0 + PCIE.sustain_seconds))
     assert (FaultClass.LINK_FLAP, "mlx5_0/1") in found
     assert (FaultClass.PCIE_DOWNTRAINED, "0000:2a:00.0") in found
+
+
+def test_the_simulator_exports_throttle_reasons_and_a_pending_remap_a_reset_applies() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lab.simulator import Fleet
+
+    def value(fleet: Fleet, metric: str, node: str, gpu: int) -> float:
+        reg = CollectorRegistry()
+        reg.register(fleet)
+        fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+        [s] = [
+            s for s in fams[metric].samples if s.labels["Hostname"] == node and s.labels["gpu"] == str(gpu)
+        ]
+        return float(s.value)
+
+    fleet = Fleet(4)
+    fleet.set_nodes({"gpu-1": "m"})
+    assert value(fleet, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gpu-1", 2) == 0
+    fleet.gpu_state("gpu-1", 2, 0x40, True)
+    assert value(fleet, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gpu-1", 2) == 0x40
+    assert value(fleet, "DCGM_FI_DEV_ROW_REMAP_PENDING", "gpu-1", 2) == 1
+    assert value(fleet, "DCGM_FI_DEV_ROW_REMAP_PENDING", "gpu-1", 1) == 0
+    fleet.reset("gpu-1", 2)  # a reset applies the remap; throttling is the GPU's heat, not reset
+    assert value(fleet, "DCGM_FI_DEV_ROW_REMAP_PENDING", "gpu-1", 2) == 0
+    assert value(fleet, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gpu-1", 2) == 0x40
+    fleet.clear("gpu-1", None)
+    assert value(fleet, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gpu-1", 2) == 0

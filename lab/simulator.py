@@ -27,6 +27,8 @@ API (JSON):  GET /healthz   GET /metrics   GET /v1/nodes   PUT /v1/nodes {"nodes
              POST /v1/gpu_state {"node", "gpu", "throttle_reasons"?: mask, "row_remap_pending"?: bool}
                            (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, DCGM_FI_DEV_ROW_REMAP_PENDING: what
                            the degraded-node rules read; a GPU reset applies a pending remap)
+             POST /v1/step {"node", "slurm_job", "rank", "seconds"}  (a training job's rank reports
+                           its step time: autoheal_train_step_seconds, as the straggler rule reads)
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Fleet(Collector):
         # degraded GPUs (not kept across a simulator restart): clock throttle reasons, remap pending
         self.throttle: dict[tuple[str, int], int] = {}
         self.remap_pending: set[tuple[str, int]] = set()
+        # training ranks' step times: (slurm job, rank) -> (node, seconds)
+        self.steps: dict[tuple[str, int], tuple[str, float]] = {}
         # injected faults of the ladder itself, per node: health checks left to fail, and how the
         # next resets / reboots behave ("fail", "hang"); plus what the ladder did, for tests
         self.health_failures: dict[str, int] = {}
@@ -133,6 +137,10 @@ class Fleet(Collector):
                 self.remap_pending.add((node, gpu))
             elif remap_pending is False:
                 self.remap_pending.discard((node, gpu))
+
+    def step(self, node: str, job: str, rank: int, seconds: float) -> None:
+        with self.lock:
+            self.steps[(job, rank)] = (node, seconds)
 
     def kmsg(self, node: str, message: str) -> None:
         """Append a raw message to a node's kernel log."""
@@ -226,6 +234,15 @@ class Fleet(Collector):
             lost = set(self.lost)
             throttle = dict(self.throttle)
             remap = set(self.remap_pending)
+            steps = dict(self.steps)
+        step = GaugeMetricFamily(
+            "autoheal_train_step_seconds",
+            "A rank's last step time.",
+            labels=["slurm_job", "rank", "Hostname"],
+        )
+        for (job, rank), (node, seconds) in sorted(steps.items()):
+            step.add_metric([job, str(rank), node], seconds)
+        yield step
         fams = {
             "xid": GaugeMetricFamily(
                 "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=LABELS
@@ -348,6 +365,15 @@ def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestH
                     if pending is not None and not isinstance(pending, bool):
                         raise ValueError("row_remap_pending: true or false")
                     fleet.gpu_state(str(node), gpu, mask, pending)
+                elif self.path == "/v1/step":
+                    job, rank, seconds = body.get("slurm_job"), body.get("rank"), body.get("seconds")
+                    if not (isinstance(job, str) and job.isdigit() and len(job) <= 12):
+                        raise ValueError("slurm_job: a job id (digits)")
+                    if not (isinstance(rank, int) and 0 <= rank < 100_000):
+                        raise ValueError("rank: an integer 0..99999")
+                    if not (isinstance(seconds, int | float) and 0 < seconds < 86400):
+                        raise ValueError("seconds: a step time in seconds")
+                    fleet.step(str(node), job, rank, float(seconds))
                 elif self.path == "/v1/clear":
                     fleet.clear(str(node), gpu)
                 elif self.path in ("/v1/health", "/v1/reset", "/v1/reboot", "/v1/faults"):

@@ -2,7 +2,9 @@
 (its sysfs link_downed counter), the node's real watcher posts NodeDegraded to the lab's real
 Alertmanager, the real runner routes it to playbooks/gpu_degraded.yml, and the lab's real Slurm
 DRAINs the node while its job keeps RUNNING; the job ends on its own and the node is DRAINED.
-One flap below the threshold does nothing. Prints fault -> DRAINING and job end -> DRAINED."""
+One flap below the threshold does nothing. Prints fault -> DRAINING and job end -> DRAINED.
+The metric classes (GPU throttling, a pending row remap, a straggler) go through the lab's real
+Prometheus and the degraded rules instead of the watcher."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabConfig]:
         name="linkflap",
         root=tmp_path_factory.mktemp("flaplabs"),
         port_base=PORT_BASE,
-        pools=[PoolConfig(size=4, spares=1, headroom=1)],
+        pools=[PoolConfig(size=5, spares=1, headroom=1)],
         kube=False,
         runner=True,
         grace_seconds=30,
@@ -185,3 +187,16 @@ def test_dcgm_throttling_for_heat_and_a_pending_row_remap_drain_power_capping_do
     inc, _phases, facts = incident_of(lab, "gpu-1")
     assert inc.tier == "drain" and '"fault": "row_remap_pending"' in facts
     print(f"row remap pending -> DRAINED: {time.monotonic() - t0:.2f}s")
+
+
+def test_a_rank_slower_than_its_peers_drains_its_node(lab: LabConfig) -> None:
+    """The straggler rule on the ranks' step times (the simulator stands for the job's exporter):
+    the slow rank's node is drained (as the promtool tests show, within the margin is no fault)."""
+    times = {"gpu-1": 1.0, "gpu-2": 1.02, "gpu-3": 0.99, "gpu-5": 1.6}
+    t0 = time.monotonic()
+    for rank, (name, seconds) in enumerate(times.items()):
+        sim(lab, "/v1/step", {"node": name, "slurm_job": "77", "rank": rank, "seconds": seconds})
+    wait_for(lambda: "DRAIN" in node(lab, "gpu-5")["state_flags"], 60, "gpu-5 DRAINED")
+    inc, _phases, facts = incident_of(lab, "gpu-5")
+    assert inc.tier == "drain" and '"fault": "straggler"' in facts and '"source": "job"' in facts
+    print(f"\nstraggler (1.6 s vs a median of ~1.0 s) -> DRAINED: {time.monotonic() - t0:.2f}s")

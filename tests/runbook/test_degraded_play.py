@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.runbook.conftest import GRACE, Lab, _lab_cmd, run_playbook
+from tests.runbook.conftest import GRACE, Lab, _kube_built, _lab_cmd, run_playbook
 from tests.runbook.test_playbooks import quarantine_taint, snapshot
 from tests.support import port_base, wait_for
 
@@ -38,6 +38,8 @@ def dlab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         assert res.returncode == 0, f"autoheal lab up failed: {res.stdout}\n{res.stderr}"
         kc = lab.run_dir / "kubeconfig"
         lab.kubeconfig = kc if kc.exists() else None
+        # with the tools built the lab has Kubernetes: the cordon is then checked for real
+        assert lab.kubeconfig is not None or not _kube_built()
         yield lab
     finally:
         _lab_cmd("down", "--name", LAB_NAME, "--root", str(root), timeout=120)
@@ -100,6 +102,7 @@ def test_a_degraded_node_drains_while_its_job_runs_to_the_end(dlab: Lab, tmp_pat
         assert _state(lab.jobs()[job]) == "RUNNING"  # the job was not signalled, killed or requeued
         assert lab.jobs()[job]["restart_cnt"] == 0
         if lab.kubeconfig is not None:
+            print("\n(checked in Kubernetes too)")
             kn = lab.kube_node(node)
             assert kn is not None and kn["spec"]["unschedulable"] is True
             assert [t["value"] for t in quarantine_taint(kn)] == ["drain"]

@@ -21,8 +21,9 @@ API (JSON):  GET /healthz   GET /metrics   GET /v1/nodes   PUT /v1/nodes {"nodes
              POST /v1/health {"node", "peek"?}  -> {"node", "healthy", "failures": [...], "gpus": [...]}
              POST /v1/reset {"node", "gpu"?}   POST /v1/reboot {"node"}
              POST /v1/faults {"node", "health_failures"?: n, "reset"?: "ok|fail|hang", "reboot"?: ...}
-             POST /v1/link {"node", "flaps": n}  (the node's InfiniBand port lost its link n times:
-                           its sysfs link_downed counter grows, as the watcher's link check reads)
+             POST /v1/link {"node", "flaps"?: n, "errors"?: m}  (the node's InfiniBand port lost its
+                           link n times, saw m symbol errors: its sysfs link_downed and symbol_error
+                           counters grow, as the watcher's link check reads)
              POST /v1/pcie {"node", "gpu", "width"}  (the GPU's PCIe link retrained at that width)
              POST /v1/gpu_state {"node", "gpu", "throttle_reasons"?: mask, "row_remap_pending"?: bool}
                            (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, DCGM_FI_DEV_ROW_REMAP_PENDING: what
@@ -122,8 +123,14 @@ class Fleet(Collector):
 
     def flap_link(self, node: str, flaps: int) -> None:
         """The node's InfiniBand port lost its link `flaps` times (sysfs link_downed grows)."""
-        if self.logs is not None:
+        if self.logs is not None and flaps:
             self.logs.sysfs(node).flap("mlx5_0", 1, flaps)
+
+    def link_errors(self, node: str, errors: int) -> None:
+        """The node's InfiniBand port saw `errors` more symbol errors (sysfs symbol_error grows)."""
+        if self.logs is not None and errors:
+            tree = self.logs.sysfs(node)
+            tree.set_counter("mlx5_0", 1, "symbol_error", tree.counter("mlx5_0", 1, "symbol_error") + errors)
 
     def pcie_width(self, node: str, gpu: int, width: int) -> None:
         if self.logs is not None:
@@ -349,10 +356,12 @@ def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestH
                         raise ValueError(f"message: a string of at most {MAX_MESSAGE} characters")
                     fleet.kmsg(str(node), message)
                 elif self.path == "/v1/link":
-                    flaps = body.get("flaps", 1)
-                    if not (isinstance(flaps, int) and 1 <= flaps <= 1000):
-                        raise ValueError("flaps: an integer 1..1000")
+                    flaps, errors = body.get("flaps", 0 if "errors" in body else 1), body.get("errors", 0)
+                    for name, n in (("flaps", flaps), ("errors", errors)):
+                        if not (isinstance(n, int) and 0 <= n <= 100_000):
+                            raise ValueError(f"{name}: an integer 0..100000")
                     fleet.flap_link(str(node), flaps)
+                    fleet.link_errors(str(node), errors)
                 elif self.path == "/v1/pcie":
                     width = body.get("width")
                     if gpu is None or not (isinstance(width, int) and width in (1, 2, 4, 8, 16)):

@@ -35,7 +35,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabConfig]:
         name="linkflap",
         root=tmp_path_factory.mktemp("flaplabs"),
         port_base=PORT_BASE,
-        pools=[PoolConfig(size=5, spares=1, headroom=1)],
+        pools=[PoolConfig(size=6, spares=1, headroom=1)],
         kube=False,
         runner=True,
         grace_seconds=30,
@@ -200,3 +200,16 @@ def test_a_rank_slower_than_its_peers_drains_its_node(lab: LabConfig) -> None:
     inc, _phases, facts = incident_of(lab, "gpu-5")
     assert inc.tier == "drain" and '"fault": "straggler"' in facts and '"source": "job"' in facts
     print(f"\nstraggler (1.6 s vs a median of ~1.0 s) -> DRAINED: {time.monotonic() - t0:.2f}s")
+
+
+def test_climbing_symbol_errors_drain_the_node_a_few_do_not(lab: LabConfig) -> None:
+    threshold = load_fault_catalog().require(FaultClass.NIC_ERRORS).threshold
+    sim(lab, "/v1/link", {"node": "gpu-6", "errors": threshold // 10})
+    time.sleep(3.0)
+    assert "DRAIN" not in node(lab, "gpu-6")["state_flags"]
+    t0 = time.monotonic()
+    sim(lab, "/v1/link", {"node": "gpu-6", "errors": threshold})
+    wait_for(lambda: "DRAIN" in node(lab, "gpu-6")["state_flags"], 60, "gpu-6 DRAINED")
+    inc, _phases, facts = incident_of(lab, "gpu-6")
+    assert inc.tier == "drain" and '"fault": "nic_errors"' in facts
+    print(f"\nsymbol errors -> DRAINED: {time.monotonic() - t0:.2f}s")

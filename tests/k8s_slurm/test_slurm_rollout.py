@@ -11,17 +11,21 @@ slurmd pod: the busy node only after its job has ended (drained first,
 the job COMPLETED, never killed or requeued), then the idle one. Check mode touches nothing; a second run changes
 nothing. Then the runbook's steps by hand (fence.yml, requeue.yml, node_return.yml) on a dotted
 node: drained in Slurm, cordoned and quarantined, its job requeued, the node returned and the job
-running on it again.
+running on it again. Last (it retires a node), the whole XID-79 play, gpu_fatal_xid.yml, on a
+dotted node as the runner runs it (its Executor and PlayVars, the lab runner's and the stack's play
+vars): fenced, its jobs SIGTERMed and requeued, drained, retired through the pool backend, its
+phases journalled and its Events written; a second run changes nothing.
 
 The plays run on this host, as on-call would; its Slurm commands reach slurmctld through
 `kubectl exec` into the slurmctld pod (small wrappers first on PATH), its Kubernetes calls use the
-lab's kubeconfig. Prints the rollout's times.
+lab's kubeconfig. Prints the rollout's and the XID-79 run's times.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -32,10 +36,14 @@ from typing import Any
 import pytest
 
 from autoheal.errors import LabError
-from lab import controlplane, stack
+from autoheal.labels import INCIDENT_ANNOTATION, QUARANTINE_TAINT_KEY, QUARANTINED, STATE_LABEL
+from images.build import build
+from lab import controlplane, pool, stack
 from lab import lab as labmod
-from lab.config import LabConfig, PoolConfig
+from lab.config import RUNNER_NAMESPACE, LabConfig, PoolConfig
 from lab.login import Login
+from remediation.executor import Executor, PlayVars, RunOutcome, read_events
+from remediation.states import RunStatus
 from tests.k8s_slurm.test_slurm_pods import NS, _job_state, _pods
 from tests.nodes.conftest import require_real_nodes
 from tests.runbook.conftest import RECAP_RE, REPO, VENV_BIN, ansible_env
@@ -246,3 +254,234 @@ def test_xid_79_on_a_dotted_node_fences_requeues_drains_and_returns_it(lab: Lab,
         assert f"NodeList={N1}" in login.run(f"scontrol show job {job} -o")
     finally:
         login.run(f"scancel {job}", check=False)
+
+
+# -- the whole XID-79 run on a dotted node, as the runner runs it ---------------------------------
+
+XID_INCIDENT = "inc-0000000dd079"
+# the trap records the SIGTERM on the job itself (its comment survives the requeue), then ends the
+# job as a checkpointing training job does
+TRAP_JOB = (
+    "trap 'scontrol update jobid=$SLURM_JOB_ID comment=sigterm-${SLURM_RESTART_COUNT:-0}; exit 0' TERM;"
+    " sleep 600 & wait"
+)
+# the step that runs right after the drain and before the retire: the node is still there to read
+BEFORE_RETIRE = "Fail when pods could not be evicted"
+
+
+def _ctl(lab: Lab, cmd: str, *argv: str) -> str:
+    """A Slurm command as root in the slurmctld pod (the login pod may be evicted by the drain)."""
+    res = subprocess.run([str(lab.bin_dir / cmd), *argv], capture_output=True, text=True, timeout=60)
+    if res.returncode != 0:
+        raise AssertionError(f"{cmd} {argv}: rc={res.returncode} {res.stderr[-500:]}")
+    return res.stdout
+
+
+def _job(lab: Lab, job: str) -> dict[str, str]:
+    """`scontrol show job -o` fields (values without spaces; Comment and JobState are)."""
+    out = _ctl(lab, "scontrol", "show", "job", job, "-o")
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def _node_line(lab: Lab, node: str) -> str:
+    return _ctl(lab, "scontrol", "show", "node", node, "-o").strip()
+
+
+def _pods_on(cfg: LabConfig, node: str) -> list[str]:
+    """The pods on `node` a drain evicts: not DaemonSet pods, not mirror pods, not finished."""
+    with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
+        r = http.get("/api/v1/pods", params={"fieldSelector": f"spec.nodeName={node}"})
+        r.raise_for_status()
+        items = r.json()["items"]
+    return sorted(
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        for p in items
+        if not any(o.get("kind") == "DaemonSet" for o in p["metadata"].get("ownerReferences") or [])
+        and "kubernetes.io/config.mirror" not in (p["metadata"].get("annotations") or {})
+        and p["status"].get("phase") not in ("Succeeded", "Failed")
+        and not p["metadata"].get("deletionTimestamp")
+    )
+
+
+def _node_events(cfg: LabConfig, node: str) -> set[str]:
+    with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
+        r = http.get("/api/v1/events", params={"fieldSelector": f"involvedObject.name={node}"})
+        r.raise_for_status()
+        return {e["reason"] for e in r.json()["items"]}
+
+
+class _Run:
+    """One run of gpu_fatal_xid.yml through the runner's Executor: its steps as the runner's
+    journal records them (task, status, changed), and what Kubernetes and Slurm showed of the node
+    right after the drain (the retire then removes the Kubernetes node)."""
+
+    def __init__(self, lab: Lab, node: str) -> None:
+        self.lab, self.node = lab, node
+        self.steps: list[tuple[str, str, bool]] = []
+        self.after_drain: dict[str, Any] = {}
+
+    def on_step(self, task: str, host: str, status: str, changed: bool, t0: float | None, t1: float) -> None:
+        self.steps.append((task, status, changed))
+        if task.startswith(BEFORE_RETIRE) and not self.after_drain:
+            try:
+                self.after_drain = {
+                    "kube": _kube_node(self.lab.cfg, self.node),
+                    "pods": _pods_on(self.lab.cfg, self.node),
+                    "slurm": _node_line(self.lab, self.node),
+                }
+            except Exception as exc:  # the callback must not stop the run; the asserts say it
+                self.after_drain = {"error": repr(exc)}
+
+
+def _run_xid_79(
+    lab: Lab, ex: Executor, run_id: int, node: str, extra: dict[str, Any]
+) -> tuple[RunOutcome, _Run, float]:
+    """(outcome, its steps, seconds) of one run: the runner's PlayVars for an XID 79 incident on
+    `node`, the runner's Executor (ansible-runner, the runner's environment, its events file)."""
+    run = _Run(lab, node)
+    play_vars = PlayVars(
+        nodes=(node,),
+        incident_ids=(XID_INCIDENT,),
+        xid=79,
+        gpu=0,
+        tier="replace",
+        opt_out=False,
+        dry_run=False,
+        grace_seconds=20,
+        journal_events=ex.events_path(run_id),
+        extra=extra,
+        fault_time=time.time(),
+    )
+    t0 = time.monotonic()
+    outcome = ex.run(
+        run_id,
+        "gpu_fatal_xid.yml",
+        play_vars,
+        on_pid=lambda _pid: None,
+        on_step=run.on_step,
+        on_tick=lambda: False,
+    )
+    return outcome, run, time.monotonic() - t0
+
+
+def _play_output(ex: Executor, run_id: int) -> str:
+    out = ex.run_dir(run_id) / "artifacts" / "play" / "stdout"
+    return out.read_text()[-6000:] if out.exists() else "(no stdout)"
+
+
+def test_the_whole_xid_79_run_on_a_dotted_node_fences_evacuates_drains_and_retires_it(
+    lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """playbooks/gpu_fatal_xid.yml, whole, driven as the runner drives it: its Executor runs the
+    play with ansible-runner and the PlayVars an XID 79 incident gets (remediation/runs.py), plus
+    the play vars a lab runner's config and the stack give it (lab/runner.py write_config,
+    components/stack.py _ladder_play_vars: the Job namespace and the DCGM image by digest, here
+    the fake GPU tools image); its Slurm commands reach slurmctld as the runner pod's do, by
+    `scontrol` on its PATH (here: kubectl exec into the slurmctld pod). The rung is replace, XID
+    79's top rung (a repeat XID 79 is escalated to it): fence, SIGTERM + grace + requeue, spare
+    promotion (the lab's pool has none: no_spare), notify, opt-out preflight, Slurm DOWN,
+    Kubernetes drain, retire through the pool backend (the lab's pool controller: the real node
+    goes), audit Events, done. (The reboot rung's reboot would restart a host slurmd in this lab,
+    not the real node, and returns the node, which a rerun fences again.) The node is the one
+    slurmctld does not run on (the lab runs Slurm's pods on its GPU nodes, production on system
+    nodes). A second run changes nothing."""
+    cfg, login = lab.cfg, lab.login
+    ctld = next(p["spec"]["nodeName"] for p in _pods(cfg) if p["metadata"]["name"] == "slurmctld-0")
+    node = N2 if ctld == N1 else N1
+    assert "." in node
+    tools = build(["fake-gpu-tools"])[0].ref  # the stack's monitoring.dcgmImage, by digest
+    extra: dict[str, Any] = {
+        # the lab runner's play vars (no slurm.conf: scontrol on PATH reaches the pods' slurmctld)
+        "autoheal_lab_name": cfg.name,
+        "autoheal_lab_root": str(cfg.root),
+        "autoheal_backend": "lab",
+        "autoheal_evidence_dir": str(tmp_path / "evidence"),
+        "autoheal_kubeconfig": str(cfg.kubeconfig),
+        # the stack's (components/stack.py _ladder_play_vars)
+        "autoheal_job_namespace": RUNNER_NAMESPACE,
+        "autoheal_dcgm_image": tools,
+    }
+    monkeypatch.setenv("PATH", f"{lab.bin_dir}{os.pathsep}{os.environ['PATH']}")
+    ex = Executor(REPO / "playbooks", tmp_path / "runner", step_timeout=900, run_timeout=1800)
+    trap = login.run(
+        f"sbatch --parsable --requeue -w {node} -o /dev/null --wrap {shlex.quote(TRAP_JOB)}"
+    ).strip()
+    # a job that dies of the SIGTERM (no trap), as a plain `sleep` does
+    plain = login.run(f"sbatch --parsable --requeue -w {node} -o /dev/null --wrap 'sleep 600'").strip()
+    try:
+        wait_for(lambda: _job_state(login, trap) == "RUNNING", 60, f"job {trap} running")
+        try:  # beside it if the node has a core left (the pool's slurmd registers 2 CPUs)
+            plain_ran = bool(wait_for(lambda: _job_state(login, plain) == "RUNNING", 20, "plain job"))
+        except AssertionError:
+            plain_ran = False
+            login.run(f"scancel {plain}")
+        print(
+            f"\n[xid-79] {node}: jobs {trap} (trap) {plain} (plain sleep, running: {plain_ran});"
+            f" pods a drain evicts: {_pods_on(cfg, node)}"
+        )
+
+        outcome, run, took = _run_xid_79(lab, ex, 1, node, extra)
+        assert outcome.status is RunStatus.SUCCESSFUL and outcome.rc == 0, (outcome, _play_output(ex, 1))
+        events, _ = read_events(ex.events_path(1), 0, {XID_INCIDENT: node})
+        t_fault = min(e.ts for e in events)
+        flow = ", ".join(f"{e.phase} +{e.ts - t_fault:.1f}s" for e in events)
+        print(f"[xid-79] run 1: {took:.1f}s; phases: {flow}")
+        by = {e.phase: e for e in events}
+        assert not [e for e in events if e.status == "failed"], events
+        assert {"fenced", "jobs_signalled", "requeued", "no_spare", "drained", "retired", "done"} <= set(by)
+        assert trap in by["jobs_signalled"].detail.split(" ", 1)[1].split(","), by["jobs_signalled"]
+        assert trap in by["requeued"].detail, by["requeued"]
+
+        # after the drain, before the retire: fenced in both, nothing left to evict
+        seen = run.after_drain
+        assert "error" not in seen and seen, seen
+        spec, meta = seen["kube"]["spec"], seen["kube"]["metadata"]
+        assert spec.get("unschedulable") is True
+        assert any(t["key"] == QUARANTINE_TAINT_KEY for t in spec.get("taints") or [])
+        assert meta["labels"].get(STATE_LABEL) == QUARANTINED
+        assert (meta.get("annotations") or {}).get(INCIDENT_ANNOTATION) == XID_INCIDENT
+        assert seen["pods"] == []
+        state = seen["slurm"]
+        assert (
+            "DOWN" in state.split("State=")[1].split()[0] and "DRAIN" in state.split("State=")[1].split()[0]
+        )
+        assert XID_INCIDENT in state.split("Reason=", 1)[1], state
+
+        # the job got its SIGTERM, checkpointed (its trap ran) and was requeued: pending, its node gone
+        fields = _job(lab, trap)
+        assert fields["Restarts"] == "1" and fields["JobState"] == "PENDING", fields
+        assert fields.get("Comment") == "sigterm-0", fields
+        # so was the job that died of the SIGTERM (it had left before the evacuation listed it)
+        if plain_ran:
+            fields = _job(lab, plain)
+            assert fields["Restarts"] == "1" and fields["JobState"] == "PENDING", fields
+            assert plain in by["requeued"].detail, by["requeued"]
+        print(f"[xid-79] journal: {by['jobs_signalled'].detail} / {by['requeued'].detail}")
+
+        # retired through the pool backend: the Kubernetes node is gone, its Events stay
+        assert node in pool.client_status(cfg)["retired"]
+        with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
+            assert http.get(f"/api/v1/nodes/{node}").status_code == 404
+        assert {"AutohealFenced", "AutohealEvacuated", "AutohealRetired"} <= _node_events(cfg, node)
+        # Slurm: its slurmd pod deleted the node on the way out (components/slurm/workers.py), or,
+        # where the node went down too hard for that, keeps it down with our reason
+        res = subprocess.run(
+            [str(lab.bin_dir / "scontrol"), "show", "node", node, "-o"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        line = res.stdout.strip() if res.returncode == 0 else ""
+        assert not line or ("DOWN" in line.split("State=")[1].split()[0] and XID_INCIDENT in line), line
+        print(f"[xid-79] Slurm after the retire: {line[:200] or 'the node left Slurm'}")
+
+        # the same run again: every step finds its work done
+        outcome, again, took = _run_xid_79(lab, ex, 2, node, extra)
+        assert outcome.status is RunStatus.SUCCESSFUL and outcome.rc == 0, (outcome, _play_output(ex, 2))
+        changed = [s for s in again.steps if s[2]]
+        print(f"[xid-79] run 2: {took:.1f}s, {len(again.steps)} steps, changed {len(changed)}")
+        assert changed == [], changed
+        assert _job(lab, trap)["Restarts"] == "1"
+    finally:
+        for job in (trap, plain):
+            subprocess.run([str(lab.bin_dir / "scancel"), job], capture_output=True, timeout=60, check=False)

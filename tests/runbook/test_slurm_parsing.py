@@ -217,3 +217,28 @@ def test_slurm_2411_groups_nodes_in_sinfo_json_so_each_nodes_reason_comes_from_s
     assert nodes["gpu-2"]["partitions"] == ["batch", "h100"]
     reader.nodes()  # the layout is known now: straight to scontrol
     assert [a[1:3] for a in module.ran] == [["--json"], ["show", "nodes"], ["show", "nodes"]]
+
+
+def test_jobs_asks_squeue_for_every_state_so_a_job_that_ended_at_its_sigterm_is_seen():
+    """24.x `squeue --json` lists only the default states: a job that left at the fence's SIGTERM
+    (it checkpointed, or died of it) was gone from the evacuation's listing, which then requeued
+    nothing and journalled "no jobs" (seen on the pods lab, a dotted node, Slurm 24.11).
+    `--states=all` lists it there as 22.05 always did; the callers pick the states they act on."""
+    import json
+
+    ended = {
+        "job_id": 12,
+        "job_state": ["COMPLETED"],
+        "nodes": "ip-10-0-3-2.us-west-2.compute.internal",
+        "requeue": True,
+        "batch_flag": True,
+        "restart_cnt": 0,
+        "end_time": {"set": True, "infinite": False, "number": 100},
+        "name": "wrap",
+    }
+    module = _FakeModule({"squeue --json --states=all": json.dumps({"jobs": [ended]})})
+    jobs = slurm.Slurm(module).jobs()
+    assert module.ran[0][1:] == ["--json", "--states=all"]
+    assert [(j["job_id"], j["state"], j["nodes"]) for j in jobs] == [
+        (12, "COMPLETED", ["ip-10-0-3-2.us-west-2.compute.internal"])
+    ]

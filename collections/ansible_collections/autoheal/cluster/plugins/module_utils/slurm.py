@@ -17,6 +17,8 @@ openapi/v0.0.38) and newer releases (v0.0.39+ / 23.x / 24.x). The differences th
   in both; 22.05 also has ``job_resources.allocated_nodes[].nodename`` where 24.x has
   ``job_resources.nodes.allocation[].name``.
 - 22.05 ``sinfo --json`` and ``squeue --json`` ignore ``-n`` / ``-w`` filters: filter here.
+- 24.x ``squeue --json`` lists only the default states (no COMPLETED, FAILED...); 22.05 lists every
+  job. ``--states=all`` makes both list a job that has just ended (seen on the pods lab).
 - 24.x ``sinfo --json`` groups nodes of the same state and reports ONE reason per group: two
   drained nodes (a hot spare and a node autoheal just fenced) come back with the same reason, so
   the spare looks taken and a fence's reason looks like an admin's. Where it groups, the nodes
@@ -189,7 +191,10 @@ class Slurm:
         return {n: found[n] for n in wanted if n in found}
 
     def jobs(self) -> list[Job]:
-        return parse_squeue(self.json(["squeue", "--json"]))
+        # every state: 24.x squeue --json drops a job that ended (as squeue does by default), so a
+        # job that left at its SIGTERM before the evacuation listed it was never requeued ("no
+        # jobs"); 22.05 lists every job anyway. The callers pick the states they act on.
+        return parse_squeue(self.json(["squeue", "--json", "--states=all"]))
 
 
 # --- parsing -----------------------------------------------------------------------------------

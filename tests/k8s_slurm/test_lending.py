@@ -4,12 +4,15 @@ Deployment (its own PriorityClass) asking for a whole node's GPUs -> its pod Pen
 (remediation/lender.py, as the leading runner runs it) lends the idle node: drained in Slurm with
 autoheal's reason, its slurmd pod gone (the DaemonSet's affinity), its Slurm record gone -> the
 inference pod Running there; the Deployment scaled to 0 -> after the idle time and the cooldown the
-node comes back: slurmd Running, the node idle in Slurm, a training job runs there.
+node comes back: slurmd Running, the node idle in Slurm, a training job runs there. Then a second
+burst with both nodes busy: the lower-priority job's node is lent, that job requeued past the grace
+(the other left alone), and once the burst ends it runs on the returned node again.
 
 The lend's first step is made by one Lender and finished by a new one (a runner restarting
 mid-lend picks up from the Node's label). The lender's Slurm commands reach slurmctld through
-`kubectl exec` (tests/k8s_slurm/test_slurm_rollout.py's wrappers). Prints the two times: Pending
--> inference pod Running, and scale-down -> node back in Slurm.
+`kubectl exec` (tests/k8s_slurm/test_slurm_rollout.py's wrappers). Prints the times: Pending ->
+inference pod Running (idle node, and busy node with its job requeued), scale-down -> node back in
+Slurm.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from autoheal.labels import LEND_LABEL, LEND_REASON, OPT_OUT_LABEL
+from autoheal.labels import LEND_LABEL, LEND_MOVED_ANNOTATION, LEND_REASON, OPT_OUT_LABEL
 from lab import controlplane, stack
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
@@ -39,7 +43,7 @@ from tests.support import port_base, wait_for
 pytestmark = pytest.mark.timeout(1500)
 PC = "inference"
 POLICY = Policy(
-    max_nodes=1, max_percent=50, min_training=1, cooldown=20, return_after=10, grace=60, on_grace="requeue"
+    max_nodes=1, max_percent=50, min_training=1, cooldown=20, return_after=10, grace=15, on_grace="requeue"
 )
 
 
@@ -97,6 +101,12 @@ def _slurmd_on(cfg: LabConfig, node: str) -> dict[str, Any] | None:
         (p for p in _pods(cfg) if "slurmd" in p["metadata"]["name"] and p["spec"].get("nodeName") == node),
         None,
     )
+
+
+def _scontrol(*argv: str) -> None:
+    """scontrol as a Slurm operator (the wrappers on PATH run it in the slurmctld pod)."""
+    res = subprocess.run(["scontrol", *argv], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
 
 
 def _node_labels(cfg: LabConfig, node: str) -> dict[str, str]:
@@ -233,6 +243,50 @@ def test_an_idle_node_is_lent_to_an_inference_burst_and_comes_back_to_slurm(
         assert sorted(reasons) == sorted(
             ["LendingToInference", "LentToInference", "ReturningToTraining", "ReturnedToTraining"]
         )
+        # a second burst with both nodes busy: the lower-priority job's node is lent, its job
+        # requeued past the grace (SIGTERM, back in the queue), and it runs there again after
+        low = login.run("sbatch --parsable --requeue -w gpu-2 --gres=gpu:h100:1 --wrap 'sleep 600'").strip()
+        wait_for(lambda: _job_state(login, low) == "RUNNING", 60, f"job {low} running on gpu-2")
+        _scontrol("update", f"jobid={busy}", "priority=5000")
+        _scontrol("update", f"jobid={low}", "priority=10")
+        # gpu-2 out of its cooldown first (else gpu-1 would be the only candidate)
+        with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
+            moved = float(
+                http.get("/api/v1/nodes/gpu-2").json()["metadata"]["annotations"][LEND_MOVED_ANNOTATION]
+            )
+        time.sleep(max(0.0, moved + POLICY.cooldown + 1 - time.time()))
+        with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
+            r = http.patch(
+                "/apis/apps/v1/namespaces/default/deployments/infer",
+                content=json.dumps({"spec": {"replicas": 1}}),
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
+            assert r.status_code == 200, r.text
+        t_burst2 = time.monotonic()
+        pod = wait_for(
+            lambda: next((p for p in _infer_pods(cfg) if p["status"].get("phase") == "Running"), None),
+            240,
+            "the inference pod Running again",
+        )
+        assert pod["spec"]["nodeName"] == "gpu-2"
+        print(
+            f"[lending] busy node: burst -> inference Running after the requeue: {time.monotonic() - t_burst2:.1f}s"
+        )
+        shown = login.run(f"scontrol show job {low}")
+        assert "JobState=PENDING" in shown and "Restarts=1" in shown, shown
+        assert _job_state(login, busy) == "RUNNING"  # the higher-priority job was left alone
+        with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
+            r = http.patch(
+                "/apis/apps/v1/namespaces/default/deployments/infer",
+                content=json.dumps({"spec": {"replicas": 0}}),
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
+            assert r.status_code == 200, r.text
+        wait_for(
+            lambda: _job_state(login, low) == "RUNNING", 240, f"requeued job {low} running on gpu-2 again"
+        )
+        rows = [json.loads(x) for x in journal.path.read_text().splitlines()]
+        assert [r["action"] for r in rows[4:]] == ["lend", "requeue", "lent", "return", "returned"], rows
         second.stop()
         assert second._thread is not None
         second._thread.join(15)

@@ -33,7 +33,7 @@ from lab import controlplane, procs, stack
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
 from lab.login import Login
-from lab.nodes import cgroups, cluster, net
+from lab.nodes import cgroups, cluster, net, podreport
 from lab.nodes.node import proc_name
 from lab.pool import node_labels, node_taints
 from remediation.cordon_sync import KubeNodes, SlurmCli, SyncJournal
@@ -112,6 +112,20 @@ def _kill_machine(cfg: LabConfig, node: str) -> list[int]:
     return killed
 
 
+def _wait_registered(cfg: LabConfig, slurm: PodSlurm, node: str) -> None:
+    """Until `node` is a Slurm node. Its slurmd has been refused while the dead record held the
+    last MaxNodeCount slot, and retries on a growing delay (slurmd.c, _registration_engine: doubling
+    up to 128 s in the versions that back off), so its first try after the deletion can be that far
+    away. A timeout names what the slurmd pods were doing (the flake this replaced said nothing)."""
+    try:
+        wait_for(lambda: node in slurm.nodes(), 128 + 112, f"the replacement {node} registered in Slurm")
+    except AssertionError as exc:
+        with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
+            pods = http.get("/api/v1/namespaces/slurm/pods").json()["items"]
+        where = [(p["metadata"]["name"], p["spec"].get("nodeName"), p["status"].get("phase")) for p in pods]
+        raise AssertionError(f"{exc}\npods: {where}\n{podreport.report(cfg.kubeconfig, ['slurm'])}") from None
+
+
 def test_a_dead_nodes_slurm_record_is_deleted_once_its_job_is_requeued(tmp_path: Path) -> None:
     require_real_nodes()
     if not stack.available():
@@ -180,7 +194,7 @@ def test_a_dead_nodes_slurm_record_is_deleted_once_its_job_is_requeued(tmp_path:
         assert [(r["node"], r["action"]) for r in rows] == [(victim, "delete")]
         t_deleted = rows[0]["ts"] - wall1
 
-        wait_for(lambda: "gpu-3" in slurm.nodes(), 240, "the replacement gpu-3 registered in Slurm")
+        _wait_registered(cfg, slurm, "gpu-3")
         t_joined = time.monotonic() - t1
         wait_for(lambda: _job(slurm, job) == ("RUNNING", RESUMED_ON[victim]), 120, f"job {job} running again")
         t_resumed = time.monotonic() - t1
@@ -188,7 +202,8 @@ def test_a_dead_nodes_slurm_record_is_deleted_once_its_job_is_requeued(tmp_path:
         assert int(_fields(slurm, job)["Restarts"]) >= 1  # slurmctld requeued it, nobody else did
         print(
             f"[dead nodes] after the kill, s: the loop waits on the job {t_wait:.1f} ({rows[0]['why']}),"
-            f" record deleted {t_deleted:.1f}, replacement registered {t_joined:.1f}, job running again {t_resumed:.1f}"
+            f" record deleted {t_deleted:.1f}, replacement registered {t_joined:.1f}"
+            f" ({t_joined - t_deleted:.1f} after the deletion), job running again {t_resumed:.1f}"
         )
 
         # static slurm.conf nodes (the lab's host Slurm) are never deleted: no Node of the victim either

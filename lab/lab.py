@@ -436,6 +436,10 @@ def down(cfg: LabConfig) -> Teardown:
     from lab import controlplane
 
     done = Teardown()
+    # the pool controller first: a backfill it started while the lab goes down (a host slurmd, a
+    # real node) would come after the PID files were read, and outlive the lab
+    if procs.stop(cfg.run_dir, pool.PROC_NAME):
+        done.services.append(pool.PROC_NAME)
     before = slurm.job_processes(cfg)
     done.jobs = slurm.cancel_jobs(cfg)
     if done.jobs:

@@ -507,12 +507,15 @@ def _handler(ctl: PoolController, reviewer: TokenReviewer | None = None) -> type
     return Handler
 
 
+PROC_NAME = "pool-controller"
+
+
 def start(cfg: LabConfig) -> None:
     """Start the controller process of a lab and wait for its API."""
     import sys
 
     procs.start_service(
-        "pool-controller",
+        PROC_NAME,
         [sys.executable, "-m", "lab.pool", f"--root={cfg.root}", f"--name={cfg.name}"],
         cfg.run_dir,
         port=cfg.port("pool_controller"),

@@ -44,7 +44,13 @@ SHARED: dict[str, tuple[str, ...]] = {
         "test_stack.py",
         "test_xid_watcher.py",
     ),
-    "tests/k8s_runner": ("test_cordon_sync.py", "test_fleet_loops.py", "test_incluster.py", "test_rbac.py"),
+    "tests/k8s_runner": (
+        "test_cordon_sync.py",
+        "test_fleet_loops.py",
+        "test_incluster.py",
+        "test_lending_limits.py",
+        "test_rbac.py",
+    ),
     "tests/lab": ("test_example_job.py", "test_lab_alerts.py", "test_lab_pool.py", "test_lab_slurm.py"),
     "tests/nodes": (
         "test_evidence_real.py",

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from autoheal.errors import ConfigError
+from autoheal.errors import ConfigError, field_errors
 from autoheal.xid import Escalation, Tier
 
 DEGRADED_ALERT = "NodeDegraded"  # the alertname of every degraded fault (label `fault` names the class)
@@ -149,18 +149,12 @@ class FaultCatalog(BaseModel):
         return [f for f in self.faults if f.detector is detector]
 
 
-def _explain(exc: ValidationError) -> str:
-    """Each error with its field's path (faults.2.threshold: ...)."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or '<catalogue>'}: {e['msg']}" for e in exc.errors()
-    )
-
-
 def parse_fault_catalog(data: Any, origin: str = "<fault catalogue>") -> FaultCatalog:
     try:
         return FaultCatalog.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{origin}: invalid fault catalogue: {_explain(exc)}") from exc
+        problems = field_errors(exc.errors(), "<catalogue>")
+        raise ConfigError(f"{origin}: invalid fault catalogue: {problems}") from exc
 
 
 @lru_cache(maxsize=1)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
 
 from autoheal.backends import PoolBackendName
+from autoheal.errors import field_errors
 from autoheal.journalrules import dsn_has_password
 from autoheal.labels import OPT_OUT_LABEL, POOL_LABEL, QUARANTINED, STATE_LABEL
 from autoheal.names import is_node_name
@@ -400,9 +401,7 @@ def parse_config(data: Any, origin: str, base: Path, env: dict[str, str] | None 
     try:
         return RunnerConfig.model_validate(merged)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
-        )
+        problems = field_errors(exc.errors(), "<root>")
         raise RunnerConfigError(f"{origin}: invalid runner config: {problems}") from exc
 
 

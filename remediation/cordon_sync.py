@@ -239,16 +239,22 @@ class KubeNodes:
         self._core: Any = None
 
     def list(self) -> tuple[list[KubeNode], str]:
+        data = self._list_nodes()
+        return [KubeNode.from_object(i) for i in data.get("items") or []], str(
+            data["metadata"]["resourceVersion"]
+        )
+
+    def _list_nodes(self) -> dict[str, Any]:
+        """The NodeList as plain JSON, through a new client (a rotated token is read)."""
         from kubernetes import client, config
 
         if self._api is not None:
             self._api.close()  # the previous relist's connection pool
         self._api = config.new_client_from_config(config_file=str(self._kubeconfig))
         self._core = client.CoreV1Api(self._api)
-        data = json.loads(self._core.list_node(_preload_content=False, _request_timeout=30).data)
-        return [KubeNode.from_object(i) for i in data.get("items") or []], str(
-            data["metadata"]["resourceVersion"]
-        )
+        resp = self._core.list_node(_preload_content=False, _request_timeout=30)
+        data: dict[str, Any] = json.loads(resp.data)
+        return data
 
     def watch(self, resource_version: str, timeout: int) -> Iterator[tuple[str, KubeNode]]:
         from kubernetes import watch

@@ -134,9 +134,7 @@ class KubeLending(KubeNodes):
     """KubeNodes plus what the lender reads and writes."""
 
     def views(self) -> list[NodeView]:
-        self.list()  # a fresh client (a rotated token is read)
-        data = json.loads(self._core.list_node(_preload_content=False, _request_timeout=30).data)
-        return [parse_node(i) for i in data.get("items") or []]
+        return [parse_node(i) for i in self._list_nodes().get("items") or []]
 
     def inference_pods(self, priority_class: str) -> list[InferencePod]:
         resp = self._core.list_pod_for_all_namespaces(

@@ -117,6 +117,17 @@ def _node_labels(cfg: LabConfig, node: str) -> dict[str, str]:
         return labels
 
 
+def _scale(cfg: LabConfig, replicas: int) -> None:
+    """The inference Deployment to `replicas` (the burst starts or ends)."""
+    with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
+        r = http.patch(
+            "/apis/apps/v1/namespaces/default/deployments/infer",
+            content=json.dumps({"spec": {"replicas": replicas}}),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        assert r.status_code == 200, r.text
+
+
 def test_an_idle_node_is_lent_to_an_inference_burst_and_comes_back_to_slurm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -200,13 +211,7 @@ def test_an_idle_node_is_lent_to_an_inference_burst_and_comes_back_to_slurm(
         print(f"\n[lending] inference pod Pending -> Running on the lent node: {to_running:.1f}s")
 
         # the burst ends: after the idle time and the cooldown the node goes back to Slurm
-        with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
-            r = http.patch(
-                "/apis/apps/v1/namespaces/default/deployments/infer",
-                content=json.dumps({"spec": {"replicas": 0}}),
-                headers={"Content-Type": "application/merge-patch+json"},
-            )
-            assert r.status_code == 200, r.text
+        _scale(cfg, 0)
         t_quiet = time.monotonic()
 
         def back() -> bool:
@@ -255,13 +260,7 @@ def test_an_idle_node_is_lent_to_an_inference_burst_and_comes_back_to_slurm(
                 http.get("/api/v1/nodes/gpu-2").json()["metadata"]["annotations"][LEND_MOVED_ANNOTATION]
             )
         time.sleep(max(0.0, moved + POLICY.cooldown + 1 - time.time()))
-        with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
-            r = http.patch(
-                "/apis/apps/v1/namespaces/default/deployments/infer",
-                content=json.dumps({"spec": {"replicas": 1}}),
-                headers={"Content-Type": "application/merge-patch+json"},
-            )
-            assert r.status_code == 200, r.text
+        _scale(cfg, 1)
         t_burst2 = time.monotonic()
         pod = wait_for(
             lambda: next((p for p in _infer_pods(cfg) if p["status"].get("phase") == "Running"), None),
@@ -275,13 +274,7 @@ def test_an_idle_node_is_lent_to_an_inference_burst_and_comes_back_to_slurm(
         shown = login.run(f"scontrol show job {low}")
         assert "JobState=PENDING" in shown and "Restarts=1" in shown, shown
         assert _job_state(login, busy) == "RUNNING"  # the higher-priority job was left alone
-        with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
-            r = http.patch(
-                "/apis/apps/v1/namespaces/default/deployments/infer",
-                content=json.dumps({"spec": {"replicas": 0}}),
-                headers={"Content-Type": "application/merge-patch+json"},
-            )
-            assert r.status_code == 200, r.text
+        _scale(cfg, 0)
         wait_for(
             lambda: _job_state(login, low) == "RUNNING", 240, f"requeued job {low} running on gpu-2 again"
         )

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lab.config import LabConfig
 
 PORT_OFFSET = int(os.environ.get("AUTOHEAL_TEST_PORT_OFFSET", "0"))
 
@@ -94,3 +98,13 @@ def pinned_deployment(
             "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec},
         },
     }
+
+
+def lab_slurm(cfg: LabConfig, *argv: str, check: bool = True) -> str:
+    """A Slurm command against a host-Slurm lab; its environment read at call time (tests may set
+    variables). Fails naming the command and its stderr when `check`."""
+    env = dict(os.environ, **cfg.slurm_env())
+    res = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=30)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{argv}: {res.stderr}")
+    return res.stdout

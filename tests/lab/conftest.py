@@ -3,15 +3,12 @@ never idles under the other folders' tests), in a temporary root."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
 from lab.sink import WebhookSink
-from tests.support import port_base
+from tests.support import lab_slurm, port_base
 
 PORT_BASE = port_base(27000)
 
@@ -48,10 +45,6 @@ def sink(lab):
 @pytest.fixture
 def slurm(lab):
     def run(*argv: str, check: bool = True) -> str:
-        env = dict(os.environ, **lab.slurm_env())  # read at call time: tests may set variables
-        res = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=30)
-        if check and res.returncode != 0:
-            raise AssertionError(f"{argv}: {res.stderr}")
-        return res.stdout
+        return lab_slurm(lab, *argv, check=check)
 
     return run

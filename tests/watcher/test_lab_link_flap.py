@@ -9,8 +9,6 @@ Prometheus and the degraded rules instead of the watcher."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ import pytest
 from autoheal.faults import FaultClass, load_fault_catalog
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
-from tests.support import port_base, wait_for
+from tests.support import lab_slurm, port_base, wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(400)]
 PORT_BASE = port_base(22600)
@@ -49,10 +47,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabConfig]:
 
 
 def slurm(lab: LabConfig, *argv: str) -> str:
-    env = dict(os.environ, **lab.slurm_env())
-    res = subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=30)
-    assert res.returncode == 0, f"{argv}: {res.stderr}"
-    return res.stdout
+    return lab_slurm(lab, *argv)
 
 
 def node(lab: LabConfig, name: str) -> dict[str, Any]:

@@ -64,6 +64,10 @@ def test_dcgm_result_passes_only_a_completed_job_whose_json_lists_no_failed_test
         "healthy": True,
         "failures": [],
     }
+    # the log merges stdout and stderr in no set order: a stderr line inside the document
+    lines = json.dumps(passing, indent=1).splitlines()
+    mixed = "\n".join([*lines[:3], "dcgmi diag -j -r 1", *lines[3:]])
+    assert ladder.dcgm_result({"ok": True, "exit_code": 0, "logs": mixed})["healthy"] is True
     failed = ladder.dcgm_result(_diag(False, DIAG))
     assert failed["healthy"] is False
     assert failed["failures"] == ["dcgmi diag exited 1", "Memory on GPU 1: Fail (DBE on GPU 1)"]

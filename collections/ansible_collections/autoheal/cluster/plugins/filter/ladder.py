@@ -32,15 +32,25 @@ def health_result(res: Mapping[str, Any]) -> dict[str, Any]:
     return {"healthy": False, "failures": [f"health check did not run: {_why(res)}"]}
 
 
+# a line that can be part of a JSON document printed one value per line (pretty or compact)
+_JSON_LINE = re.compile(r'^\s*(?:[\[\]{}",:]|-?\d|true\b|false\b|null\b|$)')
+
+
 def _diag_json(logs: str) -> Any:
-    """The JSON document `dcgmi diag -j` printed, or None (dcgmi may print a warning line first)."""
+    """The JSON document `dcgmi diag -j` printed, or None. The pod's log merges stdout and
+    stderr line by line in no guaranteed order, so a line dcgmi wrote to stderr (a warning) can
+    land before the document or inside it: then the document is read without the lines that
+    cannot belong to it."""
     start, end = logs.find("{"), logs.rfind("}")
     if start < 0 or end < start:
         return None
-    try:
-        return json.loads(logs[start : end + 1])
-    except ValueError:
-        return None
+    span = logs[start : end + 1]
+    for text in (span, "\n".join(line for line in span.splitlines() if _JSON_LINE.match(line))):
+        try:
+            return json.loads(text)
+        except ValueError:
+            continue
+    return None
 
 
 def _diag_failures(doc: Any) -> list[str] | None:

@@ -18,6 +18,10 @@ serves), Slurm's nodes and the jobs on the busy ones. Each move:
     returned   label off, uncordon: slurmd comes back and registers the node idle
     resume     Slurm resume of a training node still drained with LEND_REASON
 
+A node the runbook fenced (quarantine label or taint) is left alone whatever its side (the core's
+`fenced`): never returned, uncordoned or relabelled under the healing, and its GPUs are not
+counted free, so the inference pods the runbook evicted from it lend the next node.
+
 All state is on the Node (label, annotation, cordon) and in Slurm, so a runner restarting mid-move
 picks up where it was; the one thing kept in memory is since when a lent node has had no inference
 pod (a new leader waits `return_after` again). Every move is a JSON line in the journal, a
@@ -43,6 +47,7 @@ from autoheal.labels import (
     LEND_MOVED_ANNOTATION,
     LEND_REASON,
     POOL_LABEL,
+    QUARANTINE_TAINT_KEY,
     QUARANTINED,
     SPARE_LABEL,
     SPARE_STATE,
@@ -209,6 +214,13 @@ class SlurmLending(SlurmCli):
 # --- the loop ---------------------------------------------------------------------------------
 
 
+def fenced(k: KubeNode) -> bool:
+    """Quarantined by the runbook (the fence sets label and taint together; either is enough)."""
+    return k.labels.get(STATE_LABEL) == QUARANTINED or any(
+        key == QUARANTINE_TAINT_KEY for key, _v, _e in k.taints
+    )
+
+
 def _eligible(k: KubeNode, opt_out_label: str) -> bool:
     return (
         k.ready
@@ -251,6 +263,7 @@ def pool_nodes(
                 moved_at=v.moved_at,
                 inference_gpus=sum(p.gpus for p in on),
                 inference_pods=len(on),
+                fenced=fenced(k),
             )
         )
     return out

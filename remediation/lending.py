@@ -28,6 +28,20 @@ on the Node and goes on from there (a lending node not yet drained is drained ag
                                                        off, uncordoned: slurmd comes back)
     training    Slurm DRAIN with LEND_REASON, no job   resume in Slurm (a record that outlived the
                                                        lend, or a crash between label and drain)
+    any side,   quarantined by the runbook (an XID)    none while fenced: held where it is
+    fenced                                             (below); the side goes on once unfenced
+
+A node the runbook fenced (STATE_LABEL quarantined, or the quarantine taint: an XID on it, lent or
+not) is held: whatever its side, the lender makes no move on it - no return, no uncordon, no label
+change, no Slurm resume, a move under way stops where it is - and it counts on neither side: its
+GPUs are not free for inference (the pods the runbook evicted from it are Pending again and are
+demand like any other: the next node is lent within the limits), it is not one of the lent nodes
+`max_nodes` counts, and its pool's size for `max_percent` and `min_training` leaves it out. Its
+LEND_LABEL stays as it was: a node the runbook retires goes with its Node object and its label
+(the replacement is a new Node: no label, training; the lender lends it when inference is short,
+the spare keeper and Slurm use it when training is); a node the ladder heals in place comes back
+with its label, unfenced, and the lender goes on from there (a lent node with no inference pod
+returns after `return_after`; while pods are Pending its GPUs serve them).
 
 Candidates for lending: Ready, in a lendable pool, not quarantined, not a spare, not opted out,
 known to Slurm and not drained by anyone (an admin's drain is never taken), not moved within the
@@ -119,6 +133,7 @@ class PoolNode:
     moved_at: float | None = None  # when it last started a move (LEND_MOVED_ANNOTATION)
     inference_gpus: int = 0  # GPUs inference pods on it request (running or bound)
     inference_pods: int = 0
+    fenced: bool = False  # the runbook quarantined it (label or taint): held, on neither side
 
     @property
     def ours_in_slurm(self) -> bool:
@@ -195,6 +210,8 @@ def _rank(n: PoolNode, order: Sequence[str]) -> tuple[object, ...]:
 
 def _progress(n: PoolNode, demand: Demand, policy: Policy, now: float) -> Move | None:
     """The next step of a move under way (or the repair of a training node we left drained)."""
+    if n.fenced:
+        return None  # the runbook's: nothing of ours moves under the healing
     if n.state is LendState.LENDING:
         if n.in_slurm and not n.drained:  # labelled, not drained yet (a restart in between)
             return Move(n.name, n.pool, "drain", n.state, n.state, "lending, not drained in Slurm")
@@ -223,7 +240,7 @@ def _returns(
         return []
     out = []
     for n in nodes:
-        if n.state is not LendState.LENT or n.inference_pods or not _cooled(n, policy, now):
+        if n.state is not LendState.LENT or n.fenced or n.inference_pods or not _cooled(n, policy, now):
             continue
         idle = now - idle_since.get(n.name, now)
         if idle >= policy.return_after:
@@ -236,6 +253,7 @@ def _candidate(n: PoolNode, policy: Policy, now: float) -> bool:
     return (
         n.state is LendState.TRAINING
         and n.eligible
+        and not n.fenced
         and n.in_slurm
         and not n.drained
         and (not policy.pools or n.pool in policy.pools)
@@ -246,7 +264,9 @@ def _candidate(n: PoolNode, policy: Policy, now: float) -> bool:
 def _lends(
     nodes: Sequence[PoolNode], demand: Demand, policy: Policy, now: float
 ) -> tuple[list[Move], int, str]:
-    """New lends for the GPUs the burst wants beyond those free or coming; (moves, short, limit)."""
+    """New lends for the GPUs the burst wants beyond those free or coming; (moves, short, limit).
+    A fenced node counts on neither side (its GPUs serve no one until the runbook is done)."""
+    nodes = [n for n in nodes if not n.fenced]
     away = [n for n in nodes if n.state is not LendState.TRAINING]
     coming = sum(n.gpus for n in away if n.state is LendState.LENDING)
     free = sum(max(n.gpus - n.inference_gpus, 0) for n in away if n.state is LendState.LENT)
@@ -305,7 +325,7 @@ def plan(
 def update_idle(idle_since: dict[str, float], nodes: Iterable[PoolNode], now: float) -> None:
     """Keep node -> since when a lent node has had no inference pod (dropped once it has one or
     is no longer lent)."""
-    lent_idle = {n.name for n in nodes if n.state is LendState.LENT and not n.inference_pods}
+    lent_idle = {n.name for n in nodes if n.state is LendState.LENT and not n.inference_pods and not n.fenced}
     for name in list(idle_since):
         if name not in lent_idle:
             del idle_since[name]

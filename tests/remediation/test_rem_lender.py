@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 import yaml
 
-from autoheal.labels import LEND_LABEL, LEND_MOVED_ANNOTATION, POOL_LABEL, SPARE_LABEL, STATE_LABEL
+from autoheal.labels import (
+    LEND_LABEL,
+    LEND_MOVED_ANNOTATION,
+    POOL_LABEL,
+    QUARANTINE_TAINT_KEY,
+    QUARANTINED,
+    SPARE_LABEL,
+    STATE_LABEL,
+)
 from components.runner import RUNNER_RBAC_RULES, RemediationRunnerArgs, runner_settings
 from remediation.config import LendingSettings, RunnerConfig, load_config
 from remediation.cordon_sync import KubeNode, SlurmNode
@@ -86,6 +94,18 @@ def test_pool_nodes_joins_kubernetes_slurm_and_the_inference_pods() -> None:
     assert got["gpu-2"].state is LendState.LENT and not got["gpu-2"].in_slurm
     assert (got["gpu-2"].inference_gpus, got["gpu-2"].inference_pods) == (4, 1)
     assert not got["gpu-3"].eligible
+
+
+def test_a_node_the_runbook_fenced_is_held_by_its_label_or_its_taint() -> None:
+    taint = {"key": QUARANTINE_TAINT_KEY, "value": "replace", "effect": "NoSchedule"}
+    by_label = _node("gpu-1", {POOL_LABEL: "h100", LEND_LABEL: "lent", STATE_LABEL: QUARANTINED})
+    by_taint = _node("gpu-2", {POOL_LABEL: "h100", LEND_LABEL: "lent"})
+    by_taint["spec"] = {"taints": [taint], "unschedulable": True}
+    cordoned = _node("gpu-3", {POOL_LABEL: "h100", LEND_LABEL: "returning"})
+    cordoned["spec"] = {"unschedulable": True}  # the lender's own cordon: not a fence
+    views = [parse_node(n) for n in (by_label, by_taint, cordoned)]
+    got = {n.name: n.fenced for n in pool_nodes(views, [], {}, lambda _n: (), "autoheal.io/opt-out")}
+    assert got == {"gpu-1": True, "gpu-2": True, "gpu-3": False}
 
 
 def test_a_lent_node_is_left_to_the_lender_by_the_cordon_sync() -> None:

@@ -191,3 +191,81 @@ def test_every_planned_state_change_is_in_the_table() -> None:
     for demand in (Demand(), Demand(1, 4)):
         for m in plan(nodes, demand, WIDE, NOW, {"c": 0.0}).moves:
             assert isinstance(m, Move) and (m.new is m.old or m.new in TRANSITIONS[m.old])
+
+
+# -- a node the runbook fenced (an XID on a lent node, issue 35 deliver 2) ---------------------
+
+
+def test_a_fenced_lent_node_is_never_returned_uncordoned_or_relabelled() -> None:
+    """Evicted by the runbook, idle, cooled and long idle: a plain lent node would go back; a
+    fenced one stays lent and held, and no idle time runs for it."""
+    gone_bad = node("a", state=LENT, moved_at=NOW - 1000, fenced=True)
+    idle: dict[str, float] = {}
+    update_idle(idle, [gone_bad], NOW - 500)
+    assert idle == {}  # held: its idle time starts once it is unfenced
+    assert plan([gone_bad], Demand(), WIDE, NOW, {"a": NOW - 500}).moves == []
+    # healed in place (unfenced), still idle: it returns as any lent node does, after return_after
+    healed = replace(gone_bad, fenced=False)
+    update_idle(idle, [healed], NOW)
+    assert plan([healed], Demand(), WIDE, NOW + 10, idle).moves == []
+    assert verbs(plan([healed], Demand(), WIDE, NOW + 31, idle)) == [("a", "return")]
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        node("a", state=LENDING, moved_at=NOW - 500, drained=True, reason="autoheal: XID 79 inc-1"),
+        node("a", state=LENDING, moved_at=NOW - 500, in_slurm=False),  # lending, slurmd gone already
+        busy("a", Job("7", 1), state=LENDING, moved_at=NOW - 500, drained=True, reason=LEND_REASON),
+        node("a", state=RET, inference_pods=1),
+        node("a", state=RET),
+        node("a", drained=True, reason=LEND_REASON),  # training, our drain left over
+    ],
+    ids=[
+        "lending-drained-by-the-fence",
+        "lending-not-in-slurm",
+        "lending-past-grace",
+        "returning-pods",
+        "returning-empty",
+        "training-our-drain",
+    ],
+)
+def test_no_move_under_way_goes_on_while_the_node_is_fenced(held: PoolNode) -> None:
+    fenced = replace(held, fenced=True)
+    for demand in (Demand(), Demand(1, 4)):
+        assert plan([fenced], demand, WIDE, NOW).moves == [], demand
+    # the same node unfenced moves (so the hold is what stops it)
+    assert plan([held], Demand(), WIDE, NOW).moves or plan([held], Demand(1, 4), WIDE, NOW).moves
+
+
+def test_a_fenced_nodes_gpus_are_not_free_so_its_evicted_pods_lend_the_next_node() -> None:
+    """The runbook evicted the lent node's inference pod: Pending again. Its 4 GPUs serve no one,
+    so the next node is lent; the fenced node is no lent node for max_nodes either."""
+    fenced = node("a", state=LENT, moved_at=NOW, fenced=True)
+    nodes = [fenced, node("b"), node("c")]
+    p = plan(nodes, Demand(1, 4), replace(WIDE, max_nodes=1), NOW)
+    assert verbs(p) == [("b", "lend")] and not p.short
+    # unfenced (not the runbook's), the same lent node's free GPUs cover the pod: nothing lent
+    assert plan([replace(fenced, fenced=False), node("b"), node("c")], Demand(1, 4), WIDE, NOW).moves == []
+
+
+def test_a_fenced_node_counts_in_neither_side_of_its_pools_limits() -> None:
+    """Pool of 3, one fenced: its size for max_percent and min_training is 2."""
+    nodes = [node("a", state=LENT, fenced=True), node("b"), node("c")]
+    p = plan(nodes, Demand(2, 8), replace(WIDE, max_percent=50, min_training=1), NOW)
+    assert verbs(p) == [("b", "lend")] and p.limit.startswith("max_percent 50% of pool h100 (2 nodes)")
+    # a training node the runbook fenced is no candidate and no training node either
+    nodes = [node("a", fenced=True), node("b"), node("c")]
+    p = plan(nodes, Demand(2, 8), replace(WIDE, min_training=1), NOW)
+    assert verbs(p) == [("b", "lend")] and p.limit == "min_training 1 of pool h100"
+
+
+def test_the_replacement_of_a_retired_lent_node_arrives_as_training_and_goes_where_it_is_short() -> None:
+    """The retired node leaves with its Node (and label); its replacement is a new Node, no label:
+    training. Inference short: the lender lends it; nothing Pending: it stays with training."""
+    new = node("a-new")
+    assert new.state is T
+    assert verbs(plan([node("b", state=LENT, inference_gpus=4), new], Demand(1, 4), WIDE, NOW)) == [
+        ("a-new", "lend")
+    ]
+    assert plan([node("b", state=LENT, inference_gpus=4), new], Demand(), WIDE, NOW).moves == []

@@ -64,6 +64,10 @@ LEND_LENDING: Final = "lending"
 LEND_LENT: Final = "lent"
 LEND_RETURNING: Final = "returning"
 LEND_MOVED_ANNOTATION: Final = f"{DOMAIN}/lend-moved-at"
+# On a workload (Deployment, StatefulSet, Job...) or its namespace: who owns it, told when the
+# runbook evicts its pods from a failing node (an inference service on a lent node): free text,
+# e.g. "email:serving@example.org" or "slack:#serving" (the notification carries it as it is).
+OWNER_CONTACT_ANNOTATION: Final = f"{DOMAIN}/owner-contact"
 
 # --- the objects the Pulumi components declare (the policy pack and the review read them) ------
 # Kubernetes' recommended labels, on every object of ours; COMPONENT_LABEL tells the policy pack

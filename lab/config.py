@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -117,6 +117,10 @@ class LabConfig(BaseModel):
     # `pulumi up` declares, on real nodes only: slurmctld, login and slurmd pods, the runner in its
     # pod with its ServiceAccount; the pool controller adds real nodes whose slurmd pods join)
     slurm: Literal["host", "pods"] = "host"
+    # a pods lab's runner pod lends Slurm nodes to inference bursts (remediation/lender.py): its
+    # runner settings `lending` (remediation.config.LendingSettings keys; `enabled` is implied);
+    # empty: off. `lab demo --scenario burst` sets short timers (lab.burst.LENDING)
+    lending: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _fits(self) -> LabConfig:
@@ -142,6 +146,8 @@ class LabConfig(BaseModel):
             )
         if self.slurm == "pods":
             self._check_pods(hardware)
+        if self.lending:
+            self._check_lending()
         self._check_aws()
         prefixes = [p.prefix for p in self.pools]
         if len(set(prefixes)) != len(prefixes):
@@ -166,6 +172,22 @@ class LabConfig(BaseModel):
                 "runner_replicas / runner_journal: with slurm pods the runner is the stack's one pod"
                 " with its SQLite journal on a volume; use --slurm host for the HA runners"
             )
+
+    def _check_lending(self) -> None:
+        """The lender runs in the stack's runner pod, with settings the runner accepts."""
+        from pydantic import ValidationError
+
+        from autoheal.errors import field_errors
+        from remediation.config import LendingSettings
+
+        if not self.pods:
+            raise ValueError(
+                "lending: the lender runs in the stack's runner pod; set slurm: pods (--slurm pods)"
+            )
+        try:
+            LendingSettings.model_validate({**self.lending, "enabled": True})
+        except ValidationError as exc:
+            raise ValueError(f"lending: {field_errors(exc.errors(), 'lending')}") from None
 
     def _check_aws(self) -> None:
         """An aws pool's nodes are KWOK nodes with host slurmds: the providerID that maps a node to

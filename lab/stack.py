@@ -154,6 +154,8 @@ def _pods_config(
             "autoheal_grace_seconds": cfg.grace_seconds,
         }
     )
+    if cfg.lending:  # the runner pod's lender (remediation/lender.py), with the lab's timers
+        settings["lending"] = {**cfg.lending, "enabled": True}
     slurm["graceSeconds"] = cfg.grace_seconds
     slurm["software"] = [
         {"name": "sw-python", "mountPath": SOFTWARE_PYTHON, "hostPath": sys.base_prefix},

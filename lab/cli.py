@@ -278,10 +278,26 @@ def lab_demo(
         typer.Option(help="--slurm host: how many of the pool's nodes are real (containerd + kubelet)."),
     ] = 2,
     json_: JsonOpt = False,
+    scenario: Annotated[
+        Literal["xid", "burst"],
+        typer.Option(
+            help="xid: a GPU dies under training; burst: an inference burst borrows an idle Slurm node"
+            " and gives it back (lab/burst.py: a pods lab of 2 real nodes, its own timers)."
+        ),
+    ] = "xid",
 ) -> None:
     """A GPU dies during training and the job resumes by itself: the whole story, measured."""
     from lab.config import PoolConfig
     from lab.demo import run_demo
+
+    if scenario == "burst":
+        from lab import burst
+
+        cfg = burst.lab_config(name, port_base, root)
+        report = burst.run_demo(cfg, keep, console, out, report_dir, timeout)
+        if json_:
+            print(json.dumps(report))
+        return
 
     kw: dict[str, object] = {"root": root} if root else {}
     if slurm == "pods":

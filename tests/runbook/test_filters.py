@@ -130,6 +130,75 @@ def test_fence_events_name_an_admin_reason_kept_and_gone_nodes():
     assert [e["ts"] for e in stamped if e["phase"] == "fenced"] == [1234.5, 1234.5]
 
 
+def test_fence_events_say_a_node_is_not_in_slurm_and_lent_to_inference():
+    """Issue 35: a lent node has no slurmd, so no Slurm record; the fence's Slurm half skips it and
+    the journal says why, from the lend label the Kubernetes half read."""
+    incidents = {"gpu-1": "i1", "gpu-2": "i2", "gpu-3": "i3"}
+    fence = {
+        "slurm": {"missing_nodes": ["gpu-2", "gpu-3"]},
+        "slurm_nodes": ["gpu-1"],
+        "kube_nodes": ["gpu-1", "gpu-2", "gpu-3"],
+        "kube": {"nodes_after": {"gpu-2": {"labels": {"autoheal.io/lend": "lent"}}, "gpu-3": {"labels": {}}}},
+        "gone_nodes": [],
+    }
+    evs = {e["node"]: e for e in events.fence_events(fence, incidents)}
+    assert {n: (e["phase"], e["status"]) for n, e in evs.items()} == {n: ("fenced", "ok") for n in incidents}
+    assert evs["gpu-2"]["detail"] == "not in Slurm: lent to inference (autoheal.io/lend=lent)"
+    assert evs["gpu-3"]["detail"] == "not in Slurm" and "detail" not in evs["gpu-1"]
+
+
+def test_drain_events_name_the_evicted_pods_their_workload_and_owner():
+    evicted = {
+        "a": [
+            {
+                "pod": "web/infer-7d9-x",
+                "namespace": "web",
+                "kind": "Deployment",
+                "name": "infer",
+                "contact": "email:s@x.org",
+            },
+            {"pod": "web/solo", "namespace": "web", "kind": "Pod", "name": "solo", "contact": ""},
+        ]
+    }
+    (ev,) = events.drain_events(["a"], {}, {"a": "i"}, evicted)
+    assert ev["detail"] == (
+        "evicted web/infer-7d9-x (Deployment web/infer, owner email:s@x.org); web/solo (Pod web/solo, no owner-contact)"
+    )
+    assert "detail" not in events.drain_events(["a"], {}, {"a": "i"}, {"a": []})[0]
+
+
+def test_the_drain_names_each_evicted_pods_workload_and_contact_from_the_pod_alone():
+    evict = plugin("modules.k8s_evict")
+
+    def pod(refs: list[dict[str, object]], labels: dict[str, str], ann: dict[str, str]) -> dict[str, object]:
+        meta = {
+            "name": "p",
+            "namespace": "web",
+            "ownerReferences": refs,
+            "labels": labels,
+            "annotations": ann,
+        }
+        return {"metadata": meta}
+
+    rs = [{"kind": "ReplicaSet", "name": "infer-7d9f8", "controller": True}]
+    contact = {"autoheal.io/owner-contact": "slack:#serving"}
+    assert evict.owner_record(pod(rs, {"pod-template-hash": "7d9f8"}, contact)) == {
+        "pod": "web/p",
+        "namespace": "web",
+        "kind": "Deployment",
+        "name": "infer",
+        "contact": "slack:#serving",
+    }
+    # a ReplicaSet not named after the pod's template hash stays a ReplicaSet; no controller: the pod
+    assert evict.owner_record(pod(rs, {}, {}))["kind"] == "ReplicaSet"
+    assert evict.owner_record(pod([], {}, {}))["kind"] == "Pod"
+    sts = [{"kind": "StatefulSet", "name": "db", "controller": True}]
+    assert (evict.owner_record(pod(sts, {}, {}))["kind"], evict.owner_record(pod(sts, {}, {}))["name"]) == (
+        "StatefulSet",
+        "db",
+    )
+
+
 def test_evacuation_events_report_signalled_and_requeued_jobs_per_node():
     jobs = {
         "jobs": [{"job_id": 7, "nodes": ["a", "b"]}, {"job_id": 8, "nodes": ["b"]}],

@@ -347,6 +347,10 @@ def test_k8s_evict_drains_a_batch_and_reports_what_a_pdb_protects(kube_lab):
         assert not res["failed"], res
         assert res["drained_nodes"] == ["gpu-4"] and "gpu-4" not in res["not_evicted"]
         assert wait_for(lambda: not pods("free", "gpu-4"), 30, "free pod evicted")
+        # each evicted pod with its workload (the Deployment, through its ReplicaSet's name)
+        (owner,) = res["evicted_owners"]["gpu-4"]
+        assert (owner["kind"], owner["namespace"], owner["name"]) == ("Deployment", "default", "free")
+        assert owner["pod"] == res["evicted"]["gpu-4"][0] and owner["contact"] == ""
         blocked = res["not_evicted"]["gpu-3"]
         assert len(blocked) == 2 and all("disruption budget" in b["reason"].lower() for b in blocked)
         assert len(pods("guarded", "gpu-3")) == 2  # the budget was respected

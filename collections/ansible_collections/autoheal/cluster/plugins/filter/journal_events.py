@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ansible_collections.autoheal.cluster.plugins.module_utils.contract import INCIDENT_ANNOTATION
+from ansible_collections.autoheal.cluster.plugins.module_utils.contract import INCIDENT_ANNOTATION, LEND_LABEL
 
 Event = dict[str, Any]
 Detail = str | Mapping[str, Any] | None
@@ -66,13 +66,31 @@ def phase_events(
     return out
 
 
+def not_in_slurm(fence: Mapping[str, Any]) -> dict[str, str]:
+    """{node: why} for the nodes Kubernetes knows and Slurm does not: a node lent to inference has
+    no slurmd (its side named from LEND_LABEL), other ones never joined or already left."""
+    if "slurm_nodes" not in fence:  # a slurm_node result: Slurm's side only
+        return {}
+    known = set(fence.get("slurm_nodes") or [])
+    after = (fence.get("kube") or {}).get("nodes_after") or {}
+    out = {}
+    for n in fence.get("kube_nodes") or []:
+        if n in known:
+            continue
+        side = ((after.get(n) or {}).get("labels") or {}).get(LEND_LABEL)
+        out[n] = f"not in Slurm: lent to inference ({LEND_LABEL}={side})" if side else "not in Slurm"
+    return out
+
+
 def fence_events(fence: Mapping[str, Any], incidents: Mapping[str, str]) -> list[Event]:
     """`fenced` for every node that exists (naming an administrator's Slurm reason that was
-    kept), `gone` for those known to neither Slurm nor Kubernetes. Takes the result of
-    autoheal.cluster.fence, or of autoheal.cluster.slurm_node (then no node is gone)."""
+    kept, or that Slurm has no record of it: a node lent to inference), `gone` for those known to
+    neither Slurm nor Kubernetes. Takes the result of autoheal.cluster.fence, or of
+    autoheal.cluster.slurm_node (then no node is gone)."""
     slurm = fence.get("slurm", fence)
     gone = list(fence.get("gone_nodes") or [])
     kept = {s["node"]: f"slurm reason kept: {s['reason']}" for s in slurm.get("skipped_nodes") or []}
+    kept.update(not_in_slurm(fence))
     fenced = [n for n in incidents if n not in gone]
     at = fence.get("fenced_at")  # the module's own end: when the nodes were safe
     return phase_events(fenced, incidents, "fenced", "ok", ts=at, detail=kept) + phase_events(
@@ -139,11 +157,28 @@ def evacuation_events(
     return out
 
 
+def evicted_text(owners: Iterable[Mapping[str, Any]]) -> str:
+    """One line for the pods evicted from a node, each with its workload and its owner's contact
+    (k8s_evict's `evicted_owners` records): "evicted web/infer-7d9-x (Deployment web/infer,
+    owner email:serving@example.org)"."""
+    parts = []
+    for r in owners or []:
+        who = f"{r.get('kind') or 'Pod'} {r.get('namespace')}/{r.get('name') or '?'}"
+        contact = f", owner {r['contact']}" if r.get("contact") else ", no owner-contact"
+        parts.append(f"{r.get('pod')} ({who}{contact})")
+    return "evicted " + "; ".join(parts) if parts else ""
+
+
 def drain_events(
-    drained: Iterable[str], failures: Mapping[str, Any], incidents: Mapping[str, str]
+    drained: Iterable[str],
+    failures: Mapping[str, Any],
+    incidents: Mapping[str, str],
+    evicted: Mapping[str, Iterable[Mapping[str, Any]]] | None = None,
 ) -> list[Event]:
-    """`drained` per node: ok, or failed with what could not be evicted."""
-    return phase_events(drained, incidents, "drained", "ok") + phase_events(
+    """`drained` per node: ok (naming the pods evicted and their owners, with `evicted`:
+    k8s_evict's `evicted_owners`), or failed with what could not be evicted."""
+    said = {n: evicted_text(v) for n, v in (evicted or {}).items()}
+    return phase_events(drained, incidents, "drained", "ok", detail=said) + phase_events(
         list(failures), incidents, "drained", "failed", detail=failures
     )
 

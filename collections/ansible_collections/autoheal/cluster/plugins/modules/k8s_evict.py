@@ -20,6 +20,11 @@ description:
     pods without a controller are only evicted with O(force); pods with emptyDir volumes only with
     O(delete_emptydir_data). Those left are reported with the reason.
   - It does not cordon - quarantine the nodes first (M(autoheal.cluster.k8s_nodes)).
+  - Each pod evicted is reported with its workload and its owner's contact (RV(evicted_owners)) so the
+    runbook can tell the owners of a service it moved (an inference Deployment on a lent node) - from the pod
+    alone, no other read - the workload from its controller reference (a ReplicaSet named
+    C(<deployment>-<pod-template-hash>) is its Deployment's), the contact from the pod's annotation
+    C(autoheal.io/owner-contact), which a workload sets in its pod template.
   - A second run finds nothing left to evict and reports no change.
 version_added: 0.1.0
 author: autoheal maintainers (@autoheal-project)
@@ -67,6 +72,16 @@ evicted:
   returned: always
   type: dict
   sample: {gpu-3: [default/side-7d9-abcde]}
+evicted_owners:
+  description:
+    - Per node, each pod of RV(evicted) with its workload (C(kind), C(namespace), C(name) - a
+      ReplicaSet's Deployment, a bare pod's C(Pod)) and C(contact) (the pod's
+      C(autoheal.io/owner-contact) annotation, empty when it has none).
+  returned: always
+  type: dict
+  sample:
+    gpu-3:
+      - {pod: web/infer-7d9f8-abcde, namespace: web, kind: Deployment, name: infer, contact: "slack:#serving"}
 not_evicted:
   description: Pods left on the nodes, per node, with the reason (PDB, no controller, emptyDir, timeout).
   returned: always
@@ -95,6 +110,7 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.autoheal.cluster.plugins.module_utils.contract import OWNER_CONTACT_ANNOTATION
 from ansible_collections.autoheal.cluster.plugins.module_utils.kube import (
     KUBE_COMMON_ARGS,
     Kube,
@@ -105,6 +121,7 @@ from ansible_collections.autoheal.cluster.plugins.module_utils.kube import (
 from ansible_collections.autoheal.cluster.plugins.module_utils.validate import validate_nodes
 
 MIRROR = "kubernetes.io/config.mirror"
+TEMPLATE_HASH = "pod-template-hash"  # the Deployment controller names its ReplicaSets <name>-<hash>
 
 
 def argument_spec() -> dict[str, Any]:
@@ -140,13 +157,30 @@ def classify(pod: Obj, p: dict[str, Any]) -> tuple[str, str]:
     return "evict", ""
 
 
+def owner_record(pod: Obj) -> dict[str, str]:
+    """The pod, its workload and its owner's contact, read from the pod alone (the runbook's
+    identity reads pods, not workloads): the controller reference, a ReplicaSet named
+    <name>-<pod-template-hash> read as the Deployment <name>; the contact from the annotation its
+    workload's pod template gives it."""
+    meta = pod.get("metadata") or {}
+    ns, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    refs = meta.get("ownerReferences") or []
+    ref = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    kind, workload = ("Pod", name) if ref is None else (str(ref.get("kind")), str(ref.get("name")))
+    suffix = "-" + str((meta.get("labels") or {}).get(TEMPLATE_HASH) or "")
+    if kind == "ReplicaSet" and len(suffix) > 1 and workload.endswith(suffix):
+        kind, workload = "Deployment", workload[: -len(suffix)]
+    contact = str((meta.get("annotations") or {}).get(OWNER_CONTACT_ANNOTATION) or "")
+    return dict(pod=f"{ns}/{name}", namespace=ns, kind=kind, name=workload, contact=contact[:200])
+
+
 class Drain:
     """The eviction of one node's pods, retried until the deadline (a PDB may say not now)."""
 
     def __init__(self, module: Any, kube: Kube, name: str, deadline: float) -> None:
         self.module, self.kube, self.name, self.deadline = module, kube, name, deadline
         self.p: dict[str, Any] = module.params
-        self.out: dict[str, list[Any]] = dict(evicted=[], not_evicted=[], ignored=[])
+        self.out: dict[str, list[Any]] = dict(evicted=[], not_evicted=[], ignored=[], evicted_owners=[])
         self.refused: dict[str, str] = {}  # pod key -> the last refusal
         self.issued: set[str] = set()
 
@@ -188,6 +222,7 @@ class Drain:
             return
         self.issued.add(key)
         self.out["evicted"].append(key)
+        self.out["evicted_owners"].append(owner_record(pod))
         self.refused.pop(key, None)
 
     def run(self) -> dict[str, list[Any]] | None:
@@ -197,6 +232,7 @@ class Drain:
             pending = self.pending()
             if self.module.check_mode:
                 self.out["evicted"] = [k for k, _pod, a in pending if a == "evict"]
+                self.out["evicted_owners"] = [owner_record(pod) for _k, pod, a in pending if a == "evict"]
                 return self.out
             for key, pod, action in pending:
                 if action == "evict" and key not in self.issued:
@@ -216,6 +252,7 @@ def build_result(names: list[str], res: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = dict(
         changed=False,
         evicted={},
+        evicted_owners={},
         not_evicted={},
         ignored={},
         drained_nodes=[],
@@ -223,7 +260,7 @@ def build_result(names: list[str], res: dict[str, Any]) -> dict[str, Any]:
         errors=errors,
     )
     for name, out in found.items():
-        for key in ("evicted", "ignored", "not_evicted"):
+        for key in ("evicted", "evicted_owners", "ignored", "not_evicted"):
             if out[key]:
                 result[key][name] = out[key]
         if not out["not_evicted"]:

@@ -67,11 +67,14 @@ def mmdebstrap(
     hooks: Sequence[str] = (),
     slim: bool = True,
     timeout: float = 1800,
+    apt_options: Sequence[str] = (),
 ) -> None:
     """Build a `suite` root filesystem holding `packages` into `out_tar` (a tar, uncompressed).
 
     `hooks` are shell commands run after the packages are installed, with the tree's path as $1
     (mmdebstrap's --customize-hook); they run as root on the host, so they may chroot into it.
+    `apt_options` are apt settings, e.g. `Acquire::Check-Valid-Until "false"` for a mirror whose
+    testing Release is past its Valid-Until (forky's was, by 28 days, on 2026-12-04).
     """
     check_tools()
     deb_cache.mkdir(parents=True, exist_ok=True)
@@ -86,6 +89,7 @@ def mmdebstrap(
         f'(cp -al {deb_cache}/. "$1"/var/cache/apt/archives/ 2>/dev/null'
         f' || cp -a {deb_cache}/. "$1"/var/cache/apt/archives/)',
     ]
+    argv += [f"--aptopt={o}" for o in apt_options]
     if packages:
         argv.append("--include=" + ",".join(packages))
     if slim and variant != "extract":

@@ -133,6 +133,19 @@ class DeadNodeSettings(BaseModel):
     journal_path: Path | None = Field(default=None, description="default: <state_dir>/dead-nodes.jsonl")
 
 
+class DegradedReturnSettings(BaseModel):
+    """A node drained for a degraded fault (playbooks/gpu_degraded.yml) is validated and returned
+    once its jobs have ended (remediation/degraded_return.py); leader only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    interval_seconds: float = Field(default=15.0, ge=0.2, le=3600, description="how often Slurm is read")
+    lookback_seconds: float = Field(
+        default=7 * 86400.0, gt=0, description="drains older than this are left to on-call"
+    )
+
+
 class LendingSettings(BaseModel):
     """Lending Slurm nodes to an inference burst (remediation/lender.py, remediation/lending.py):
     leader only, off unless turned on; needs a cluster."""
@@ -294,6 +307,7 @@ class RunnerConfig(BaseModel):
     spare_keeper: SpareKeeperSettings = SpareKeeperSettings()
     dead_nodes: DeadNodeSettings = DeadNodeSettings()
     lending: LendingSettings = LendingSettings()
+    degraded_return: DegradedReturnSettings = DegradedReturnSettings()
     owners: OwnerSettings = OwnerSettings()
     leader_election: LeaderElection = LeaderElection()
     play_vars: dict[str, Any] = Field(

@@ -747,10 +747,10 @@ class Journal:
 
     def count_node_incidents(self, node: str, since: float) -> int:
         """Fatal (not notify-only) incidents opened on `node` at or after `since`; manual runs
-        by on-call do not count."""
+        by on-call and a degraded node's validation (source `return`) do not count."""
         rows = self._query(
             "SELECT COUNT(*) FROM incidents WHERE node=? AND opened_at >= ?"
-            " AND source != 'manual' AND tier != 'notify'",
+            " AND source NOT IN ('manual', 'return') AND tier != 'notify'",
             (node, since),
         )
         return int(rows[0][0])
@@ -764,7 +764,7 @@ class Journal:
         marks = ",".join("?" * len(xids))
         rows = self._query(
             "SELECT COUNT(*) FROM incidents WHERE node=? AND gpu=? AND opened_at >= ?"  # noqa: S608
-            f" AND source != 'manual' AND xid IN ({marks})",
+            f" AND source NOT IN ('manual', 'return') AND xid IN ({marks})",
             (node, gpu, since, *map(int, xids)),
         )
         return int(rows[0][0])

@@ -24,6 +24,7 @@ from autoheal.backoff import Backoff
 from remediation.batches import Batches, BatchKey
 from remediation.closing import NO_SPARE_REASON, Closings
 from remediation.config import RunnerConfig
+from remediation.degraded_return import make_return_loop
 from remediation.errors import RemediationError
 from remediation.executor import Executor
 from remediation.fencing import JournalFence
@@ -100,6 +101,8 @@ class Worker:
             lambda nodes: policy.kube.pools(config.pool_label, nodes),
             lambda: self._leading,
         )
+        # a node drained for a degraded fault, validated and returned once idle (degraded_return.py)
+        self.returns = make_return_loop(config, journal, lambda: self._leading, self._wake.set)
 
     @property
     def warm_fence(self) -> WarmFence | None:
@@ -138,6 +141,8 @@ class Worker:
         self._thread.start()
         if self.owners is not None:
             self.owners.start()
+        if self.returns is not None:
+            self.returns.start()
 
     def _take_runner_lock(self) -> None:
         path = self.config.state_dir / "runner.lock"
@@ -160,6 +165,8 @@ class Worker:
         self.runs.shutdown()
         if self.owners is not None:
             self.owners.stop()
+        if self.returns is not None:
+            self.returns.stop()
         if self.warm_fence is not None:
             self.warm_fence.close()
         if self._runner_lock is not None:

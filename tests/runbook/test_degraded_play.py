@@ -127,8 +127,62 @@ def test_a_degraded_node_drains_while_its_job_runs_to_the_end(dlab: Lab, tmp_pat
         assert "DRAIN" in n["state_flags"]  # DRAINED
         assert n["reason"] == f"autoheal: degraded drain {INC}"
         print(f"\nfault -> DRAINING (job RUNNING): {to_draining:.2f}s; job end -> DRAINED: {to_drained:.2f}s")
+
+        # idle: validated (the simulator's health check) and returned - Slurm resumed, uncordoned
+        t2 = time.monotonic()
+        res = run_playbook("degraded_return", _vars(lab, node, autoheal_fault="link_flap"), tmp=tmp_path)
+        assert res.rc == 0, res.output[-4000:]
+        took = time.monotonic() - t2
+        n = lab.node(node)
+        assert "DRAIN" not in n["state_flags"] and _node_state(n) == "IDLE" and n["reason"] == "", n
+        if lab.kubeconfig is not None:
+            kn = lab.kube_node(node)
+            assert kn is not None and not kn["spec"].get("unschedulable") and quarantine_taint(kn) == []
+            assert "autoheal.io/state" not in kn["metadata"]["labels"]
+        phases = [(e["phase"], e["status"]) for e in lab.journal_lines() if e["incident"] == INC]
+        assert phases[-2:] == [("validated", "ok"), ("returned", "ok")]
+        # a second run finds the node back in service: it is left alone, and says so
+        before = snapshot(lab)
+        again = run_playbook("degraded_return", _vars(lab, node), tmp=tmp_path)
+        assert again.rc == 0 and again.changed == 0, again.output[-4000:]
+        assert snapshot(lab) == before
+        phases = [(e["phase"], e["status"]) for e in lab.journal_lines() if e["incident"] == INC]
+        assert phases[-1] == ("return_skipped", "ok")
+        print(f"idle -> validated and returned (the play): {took:.2f}s")
     finally:
         stop.touch()
+        _resume(lab, node)
+
+
+def test_a_degraded_node_that_fails_validation_climbs_to_quarantine(dlab: Lab, tmp_path: Path) -> None:
+    """The next rung of a degraded fault: the node stays drained, its reason says quarantine, the
+    quarantine taint, and the play reports the failed validation (the runner fails the incident
+    and pages). A busy node is not validated at all."""
+    from tests.runbook.test_ladder import lab_cli
+
+    lab, node, inc = dlab, "gpu-5", "inc-0f0f0f0f0f0f"
+    res = run_playbook("gpu_degraded", _vars(lab, node, autoheal_incident_ids=[inc]), tmp=tmp_path)
+    assert res.rc == 0, res.output[-4000:]
+    lab_cli(lab, "pool", "faults", "--node", node, "--health-failures", "1")
+    try:
+        res = run_playbook(
+            "degraded_return",
+            _vars(lab, node, autoheal_incident_ids=[inc], autoheal_fault="nic_errors"),
+            tmp=tmp_path,
+        )
+        assert res.rc == 0, res.output[-4000:]
+        n = lab.node(node)
+        assert "DRAIN" in n["state_flags"] and n["reason"] == f"autoheal: degraded quarantine {inc}", n
+        if lab.kubeconfig is not None:
+            kn = lab.kube_node(node)
+            assert kn is not None and kn["spec"]["unschedulable"] is True
+            assert [t["value"] for t in quarantine_taint(kn)] == ["quarantine"]
+        events = [e for e in lab.journal_lines() if e["incident"] == inc]
+        phases = [(e["phase"], e["status"]) for e in events]
+        assert phases[2:] == [("validated", "failed"), ("quarantined", "ok")]
+        assert "injected diagnostic failure" in next(e["detail"] for e in events if e["phase"] == "validated")
+    finally:
+        lab_cli(lab, "pool", "faults", "--node", node, "--health-failures", "0")
         _resume(lab, node)
 
 

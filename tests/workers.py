@@ -53,6 +53,7 @@ SHARED: dict[str, tuple[str, ...]] = {
     ),
     "tests/lab": ("test_example_job.py", "test_lab_alerts.py", "test_lab_pool.py", "test_lab_slurm.py"),
     "tests/nodes": (
+        "test_burst_service.py",
         "test_evidence_real.py",
         "test_ladder_jobs.py",
         "test_preflight_real.py",

@@ -221,6 +221,8 @@ def write_config(
     if cfg.aws_pools:
         conf.update(aws_settings(cfg))
     conf["owners"] = owner_settings(cfg, d)
+    # a degraded node's validation starts within a second of its job's end (production: 15 s)
+    conf["degraded_return"] = {"interval_seconds": 1.0}
     if cfg.runner_replicas > 1:
         conf["leader_election"] = {
             "enabled": True,

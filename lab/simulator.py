@@ -12,7 +12,8 @@ ever scraped, only the kernel log and the lost-GPU rule can tell.
 The recovery ladder acts on it as on a node's GPUs (docs/runbook.md, "The recovery ladder"): a GPU
 reset clears the GPU's fault (not a GPU that fell off the bus: that takes a reboot), a reboot
 clears the node's, and the health check is the lab's stand-in for DCGM diagnostics: a node is
-healthy when no GPU holds an XID or is lost. Faults of the ladder itself can be injected: the
+healthy when no GPU holds an XID or is lost, throttles for heat or power, has a row remap pending
+or a PCIe link below its maximum. Faults of the ladder itself can be injected: the
 next N health checks fail, a reset or reboot fails or hangs.
 
 API (JSON):  GET /healthz   GET /metrics   GET /v1/nodes   PUT /v1/nodes {"nodes": {name: model}}
@@ -47,9 +48,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from autoheal.faults import FaultClass, load_fault_catalog
 from autoheal.names import is_node_name
 from lab.httpd import LabHTTPServer
 from lab.kernlog import KernelLogs, bus_id, fallen_message, gpu_uuid, xid_message
+from watcher.links import read_pcie
 
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
 MAX_MESSAGE = 512
@@ -181,6 +184,7 @@ class Fleet(Collector):
             failures = [f"GPU {g}: XID {x}" for (n, g), x in sorted(self.xids.items()) if n == node and x] + [
                 f"GPU {g}: lost (not on the bus)" for n, g in sorted(self.lost) if n == node
             ]
+            failures += self._degraded(node)
             if self.health_failures.get(node, 0) > 0 and not peek:
                 self.health_failures[node] -= 1
                 failures.append("injected diagnostic failure")
@@ -197,6 +201,23 @@ class Fleet(Collector):
                 for g in range(self.gpus_per_node)
             ]
         return {"node": node, "healthy": not failures, "failures": failures, "gpus": gpus}
+
+    def _degraded(self, node: str) -> list[str]:
+        """What DCGM diagnostics fail on a degraded GPU (issue 36): clocks held down for heat or
+        power (the catalogue's throttle reasons), a row remap pending (until a GPU reset applies
+        it), a PCIe link below its maximum. A link flap or NIC errors are not the GPU's: they pass."""
+        mask = load_fault_catalog().require(FaultClass.GPU_THROTTLE).throttle_mask
+        out = []
+        pcie = read_pcie(self.logs.sysfs(node).root) if self.logs is not None else {}
+        for g in range(self.gpus_per_node):
+            if reasons := self.throttle.get((node, g), 0) & mask:
+                out.append(f"GPU {g}: clocks throttled (reasons 0x{reasons:x})")
+            if (node, g) in self.remap_pending:
+                out.append(f"GPU {g}: row remap pending")
+            link = pcie.get(f"{bus_id(g)}.0")
+            if link is not None and link.downtrained:
+                out.append(f"GPU {g}: PCIe link {link.describe()}")
+        return out
 
     def _act(self, node: str, action: str) -> None:
         mode = self.action_faults.get((node, action), "ok")

@@ -54,3 +54,25 @@ def test_fault_injection_input_is_validated_naming_the_field():
         _faults({"health_failures": -1})
     with pytest.raises(ValueError, match="reboot"):
         _faults({"reboot": "explode"})
+
+
+def test_degraded_gpus_fail_the_diagnostics_a_flapping_link_does_not(tmp_path):
+    """Issue 36: what a node drained for a degraded fault meets at its validation."""
+    fleet = Fleet(4, kmsg_dir=tmp_path)
+    fleet.set_nodes({"gpu-1": "H100", "gpu-2": "H100"})
+    fleet.flap_link("gpu-1", 5)
+    fleet.link_errors("gpu-1", 500)
+    fleet.gpu_state("gpu-1", 0, 0x4 | 0x1, None)  # power capping, idle: no fault
+    assert fleet.health("gpu-1")["failures"] == []
+
+    fleet.gpu_state("gpu-1", 1, 0x40, None)  # HW thermal slowdown
+    fleet.gpu_state("gpu-1", 2, None, True)
+    fleet.pcie_width("gpu-1", 3, 8)
+    assert fleet.health("gpu-1")["failures"] == [
+        "GPU 1: clocks throttled (reasons 0x40)",
+        "GPU 2: row remap pending",
+        "GPU 3: PCIe link x8 of x16, 32 of 32 GT/s",
+    ]
+    assert fleet.health("gpu-2")["healthy"]
+    fleet.reset("gpu-1", None)  # the pending remap applies; heat and the link stay
+    assert [f[:5] for f in fleet.health("gpu-1")["failures"]] == ["GPU 1", "GPU 3"]

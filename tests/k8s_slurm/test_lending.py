@@ -8,11 +8,18 @@ node comes back: slurmd Running, the node idle in Slurm, a training job runs the
 burst with both nodes busy: the lower-priority job's node is lent, that job requeued past the grace
 (the other left alone), and once the burst ends it runs on the returned node again.
 
+Last (it retires a node), an XID on a lent node (deliver 2): the inference pod on it, the runbook
+(gpu_fatal_xid.yml through the runner's Executor, as tests/k8s_slurm/test_slurm_rollout.py runs it)
+fences, cordons, drains and retires the node though Slurm has no record of it; the lender, running
+all along, leaves the fenced node alone and lends the other node to the evicted pod, which runs
+there; the evicted pod, its Deployment and the owner's contact are in the journal and the
+notifications; a second run changes nothing.
+
 The lend's first step is made by one Lender and finished by a new one (a runner restarting
 mid-lend picks up from the Node's label). The lender's Slurm commands reach slurmctld through
 `kubectl exec` (tests/k8s_slurm/test_slurm_rollout.py's wrappers). Prints the times: Pending ->
 inference pod Running (idle node, and busy node with its job requeued), scale-down -> node back in
-Slurm.
+Slurm; XID on the lent node -> inference Running on the next node lent.
 """
 
 from __future__ import annotations
@@ -22,22 +29,37 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from autoheal.labels import LEND_LABEL, LEND_MOVED_ANNOTATION, LEND_REASON, OPT_OUT_LABEL
-from lab import controlplane, stack
+from autoheal.labels import (
+    LEND_LABEL,
+    LEND_MOVED_ANNOTATION,
+    LEND_REASON,
+    OPT_OUT_LABEL,
+    OWNER_CONTACT_ANNOTATION,
+    QUARANTINE_TAINT_KEY,
+    QUARANTINED,
+    STATE_LABEL,
+)
+from lab import controlplane, pool, stack
 from lab import lab as labmod
-from lab.config import LabConfig, PoolConfig
+from lab.config import RUNNER_NAMESPACE, LabConfig, PoolConfig
 from lab.login import Login
 from remediation.cordon_sync import SyncJournal
+from remediation.executor import Executor, read_events
 from remediation.lender import KubeLending, Lender, SlurmLending
 from remediation.lending import Policy
+from remediation.states import RunStatus
+from tests.k8s_slurm import test_slurm_rollout as rollout
 from tests.k8s_slurm.test_slurm_pods import _job_state, _pods, _ready
 from tests.k8s_slurm.test_slurm_rollout import _slurm_bin
 from tests.nodes.conftest import require_real_nodes
+from tests.runbook.conftest import REPO, Sink
 from tests.support import port_base, wait_for
 
 pytestmark = pytest.mark.timeout(1500)
@@ -45,6 +67,9 @@ PC = "inference"
 POLICY = Policy(
     max_nodes=1, max_percent=50, min_training=1, cooldown=20, return_after=10, grace=15, on_grace="requeue"
 )
+
+
+CONTACT = "email:serving@example.org"
 
 
 def _deployment(image: str, gpus: int) -> dict[str, Any]:
@@ -57,7 +82,8 @@ def _deployment(image: str, gpus: int) -> dict[str, Any]:
             "replicas": 1,
             "selector": {"matchLabels": labels},
             "template": {
-                "metadata": {"labels": labels},
+                # the service's owner, told when the runbook evicts its pods (k8s_evict reads the pod)
+                "metadata": {"labels": labels, "annotations": {OWNER_CONTACT_ANNOTATION: CONTACT}},
                 "spec": {
                     "priorityClassName": PC,
                     "nodeSelector": {"autoheal.io/pool": "h100"},
@@ -128,44 +154,69 @@ def _scale(cfg: LabConfig, replicas: int) -> None:
         assert r.status_code == 200, r.text
 
 
-def test_an_idle_node_is_lent_to_an_inference_burst_and_comes_back_to_slurm(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class LendLab:
+    def __init__(self, cfg: LabConfig, login: Login, bin_dir: Path) -> None:
+        self.cfg, self.login, self.bin_dir = cfg, login, bin_dir
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LendLab]:
+    """Two real nodes with Slurm in pods (pulumi up of the stack); the lender's Slurm commands
+    reach slurmctld through the wrappers in `bin_dir` (put first on PATH by each test)."""
     require_real_nodes()
     if not stack.available():
         pytest.skip("LENDING NOT TESTED: pulumi or its Kubernetes provider is not built")
     if shutil.which("ssh") is None:
         pytest.skip("LENDING NOT TESTED: the ssh client is not installed")
+    tmp = tmp_path_factory.mktemp("k8slend")
     cfg = LabConfig(
         name="a-k8slend",
-        root=tmp_path,
+        root=tmp / "labs",
         port_base=port_base(23400),
         pools=[PoolConfig(size=2, spares=0, headroom=1, gpus_per_node=4)],
         real_nodes=2,
         runner=False,
         watchers=False,
     )
-    lenders: list[Lender] = []
     try:
+        t0 = time.monotonic()
         labmod.up(cfg)
         stack.up(cfg)
-        login = Login(cfg)
-        monkeypatch.setenv("PATH", f"{_slurm_bin(cfg, tmp_path / 'bin')}:{os.environ['PATH']}")
+        print(f"\n[lending] lab and pulumi up on 2 real nodes: {time.monotonic() - t0:.1f}s")
+        yield LendLab(cfg, Login(cfg), _slurm_bin(cfg, tmp / "bin"))
+    finally:
+        labmod.down(cfg)
+
+
+def _lender(
+    cfg: LabConfig, journal: SyncJournal, notes: list[dict[str, Any]], policy: Policy = POLICY
+) -> Lender:
+    """The lender as the leading runner runs it, every second, its notifications into `notes`."""
+    return Lender(
+        KubeLending(cfg.kubeconfig),
+        SlurmLending(None),
+        journal,
+        policy,
+        PC,
+        OPT_OUT_LABEL,
+        interval=1.0,
+        notify=lambda event, **f: notes.append({"event": event, **f}),
+    )
+
+
+def test_an_idle_node_is_lent_to_an_inference_burst_and_comes_back_to_slurm(
+    lab: LendLab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg, login = lab.cfg, lab.login
+    lenders: list[Lender] = []
+    try:
+        monkeypatch.setenv("PATH", f"{lab.bin_dir}:{os.environ['PATH']}")
         journal = SyncJournal(tmp_path / "lending.jsonl")
+        notes: list[dict[str, Any]] = []
 
         def lender() -> Lender:
-            return Lender(
-                KubeLending(cfg.kubeconfig),
-                SlurmLending(None),
-                journal,
-                POLICY,
-                PC,
-                OPT_OUT_LABEL,
-                interval=1.0,
-                notify=lambda event, **f: notes.append({"event": event, **f}),
-            )
+            return _lender(cfg, journal, notes)
 
-        notes: list[dict[str, Any]] = []
         # training: a job holds gpu-1, gpu-2 is idle
         busy = login.run("sbatch --parsable -w gpu-1 --gres=gpu:h100:1 --wrap 'sleep 600'").strip()
         wait_for(lambda: _job_state(login, busy) == "RUNNING", 60, f"job {busy} running on gpu-1")
@@ -287,4 +338,185 @@ def test_an_idle_node_is_lent_to_an_inference_burst_and_comes_back_to_slurm(
     finally:
         for x in lenders:
             x.stop()
-        labmod.down(cfg)
+
+
+# -- an XID on a lent node (issue 35, deliver 2) ------------------------------------------------
+
+# The pool has two nodes and the XID fences one: the next lend takes the last training node (a
+# fenced node counts on neither side of the limits; production keeps min_training >= 1).
+XID_POLICY = replace(POLICY, max_percent=100, min_training=0)
+
+
+def _squeue_ids() -> list[str]:
+    res = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.split()
+
+
+def _ensure_inference(cfg: LabConfig) -> None:
+    """The PriorityClass and the Deployment at 0 replicas (made here when this test runs alone)."""
+    pod = next(p for p in _pods(cfg) if "slurmd" in p["metadata"]["name"])
+    dep = _deployment(pod["spec"]["containers"][0]["image"], 4)
+    dep["spec"]["replicas"] = 0
+    with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
+        r = http.post("/apis/scheduling.k8s.io/v1/priorityclasses", json=PRIORITY_CLASS)
+        assert r.status_code in (201, 409), r.text
+        r = http.post("/apis/apps/v1/namespaces/default/deployments", json=dep)
+        assert r.status_code in (201, 409), r.text
+    _scale(cfg, 0)
+
+
+def _running_on(cfg: LabConfig, node: str) -> Callable[[], dict[str, Any] | None]:
+    return lambda: next(
+        (
+            p
+            for p in _infer_pods(cfg)
+            if p["status"].get("phase") == "Running" and p["spec"]["nodeName"] == node
+        ),
+        None,
+    )
+
+
+def _cooled(cfg: LabConfig, node: str) -> None:
+    """Wait out the node's lending cooldown (a node lent by the test before is held that long)."""
+    with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
+        moved = (
+            http.get(f"/api/v1/nodes/{node}")
+            .json()["metadata"]
+            .get("annotations", {})
+            .get(LEND_MOVED_ANNOTATION)
+        )
+    if moved:
+        time.sleep(max(0.0, float(moved) + XID_POLICY.cooldown + 1 - time.time()))
+
+
+def test_an_xid_on_a_lent_node_fences_and_retires_it_and_its_inference_pod_runs_on_the_next_node_lent(
+    lab: LendLab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lent node serving an inference pod gets an XID 79: the runbook, run as the runner runs it,
+    fences (cordon, quarantine taint and label), drains (the inference pod evicted) and retires it
+    though Slurm has no record of it ("not in Slurm: lent to inference", no Slurm step fails, no
+    spare asked for); the owners are told which pod of which Deployment, with the contact its pod
+    template gives. The lender, running all along, never returns, uncordons or relabels the fenced
+    node, and its GPUs are not counted free: the evicted pod, Pending again, lends the other node,
+    where it runs. A second run changes nothing."""
+    cfg, login = lab.cfg, lab.login
+    monkeypatch.setenv("PATH", f"{lab.bin_dir}:{os.environ['PATH']}")
+    # the node slurmctld's pod is not on is the one to fail (a drain would move slurmctld)
+    keep = next(p["spec"]["nodeName"] for p in _pods(cfg) if p["metadata"]["name"] == "slurmctld-0")
+    victim = "gpu-2" if keep == "gpu-1" else "gpu-1"
+    for job in _squeue_ids():  # a clean slate after the tests before
+        subprocess.run(["scancel", job], capture_output=True, timeout=60, check=False)
+    _ensure_inference(cfg)
+    wait_for(lambda: not _infer_pods(cfg), 60, "no inference pod")
+    assert LEND_LABEL not in _node_labels(cfg, victim) and LEND_LABEL not in _node_labels(cfg, keep)
+    _cooled(cfg, victim)
+    # the other node busy: the idle victim is the one lent
+    hold = login.run(f"sbatch --parsable -w {keep} --gres=gpu:h100:1 --wrap 'sleep 600'").strip()
+    wait_for(lambda: _job_state(login, hold) == "RUNNING", 60, f"job {hold} running on {keep}")
+
+    journal = SyncJournal(tmp_path / "lending.jsonl")
+    notes: list[dict[str, Any]] = []
+    lender = _lender(cfg, journal, notes, XID_POLICY)
+    sink = Sink(port_base(23600))
+    try:
+        lender.start()
+        t0 = time.monotonic()
+        _scale(cfg, 1)
+        served = wait_for(_running_on(cfg, victim), 180, f"the inference pod Running on {victim}")
+        assert _node_labels(cfg, victim)[LEND_LABEL] == "lent"
+        print(f"\n[lend-xid] {victim} lent, inference Running: {time.monotonic() - t0:.1f}s")
+        subprocess.run(["scancel", hold], capture_output=True, timeout=60, check=True)
+
+        extra: dict[str, Any] = {
+            # the lab runner's play vars (test_slurm_rollout's), and the webhook the owners hear on
+            "autoheal_lab_name": cfg.name,
+            "autoheal_lab_root": str(cfg.root),
+            "autoheal_backend": "lab",
+            "autoheal_evidence_dir": str(tmp_path / "evidence"),
+            "autoheal_kubeconfig": str(cfg.kubeconfig),
+            "autoheal_job_namespace": RUNNER_NAMESPACE,
+            "autoheal_webhook_url": sink.url,
+        }
+        ex = Executor(REPO / "playbooks", tmp_path / "runner", step_timeout=900, run_timeout=1800)
+        rlab = rollout.Lab(cfg, lab.bin_dir, login)
+        t_xid = time.monotonic()
+        outcome, run, took = rollout._run_xid_79(rlab, ex, 1, victim, extra)
+        assert outcome.status is RunStatus.SUCCESSFUL and outcome.rc == 0, (
+            outcome,
+            rollout._play_output(ex, 1),
+        )
+        events, _ = read_events(ex.events_path(1), 0, {rollout.XID_INCIDENT: victim})
+        t_fault = min(e.ts for e in events)
+        print(
+            f"[lend-xid] run 1: {took:.1f}s; "
+            + ", ".join(f"{e.phase} +{e.ts - t_fault:.1f}s" for e in events)
+        )
+        by = {e.phase: e for e in events}
+        assert not [e for e in events if e.status == "failed"], events
+        assert {"fenced", "drained", "retired", "done"} <= set(by), events
+        # no Slurm step for a node Slurm does not know: no jobs, no spare
+        assert not {"jobs_signalled", "requeued", "spare_promoted", "no_spare"} & set(by), events
+        assert by["fenced"].detail == f"not in Slurm: lent to inference ({LEND_LABEL}=lent)", by["fenced"]
+        pod_key = f"default/{served['metadata']['name']}"
+        assert by["drained"].detail == f"evicted {pod_key} (Deployment default/infer, owner {CONTACT})"
+
+        # after the drain, before the retire: fenced, empty, still labelled lent (the lender held off)
+        seen = run.after_drain
+        assert seen and "error" not in seen, seen
+        spec, meta = seen["kube"]["spec"], seen["kube"]["metadata"]
+        assert spec.get("unschedulable") is True
+        assert any(t["key"] == QUARANTINE_TAINT_KEY for t in spec.get("taints") or [])
+        assert meta["labels"].get(STATE_LABEL) == QUARANTINED and meta["labels"].get(LEND_LABEL) == "lent"
+        assert seen["pods"] == [] and seen["slurm"] == ""
+
+        # the owners told: which pod of which Deployment, and whom to reach
+        bodies = {b.get("event"): b for b in sink.bodies}
+        want = [
+            {
+                "pod": pod_key,
+                "namespace": "default",
+                "kind": "Deployment",
+                "name": "infer",
+                "contact": CONTACT,
+            }
+        ]
+        assert bodies["pods_evicted"]["evicted"] == {victim: want}, sink.bodies
+        assert bodies["done"]["evicted"] == {victim: want}
+        assert [e for e in sink.events() if e == "pods_evicted"] == ["pods_evicted"]
+
+        # rescheduled: the Deployment's new pod Pending -> the lender lends the other node -> Running
+        moved = wait_for(_running_on(cfg, keep), 180, f"the inference pod Running on {keep}")
+        assert moved["metadata"]["name"] != served["metadata"]["name"]
+        print(f"[lend-xid] XID run start -> inference Running on {keep}: {time.monotonic() - t_xid:.1f}s")
+        rows = [json.loads(x) for x in journal.path.read_text().splitlines()]
+        assert [(r["node"], r["action"]) for r in rows] == [
+            (victim, "lend"),
+            (victim, "lent"),
+            (keep, "lend"),
+            (keep, "lent"),
+        ], rows
+        assert [n["event"] for n in notes] == ["lending.lend", "lending.lent"] * 2
+
+        # retired through the pool backend: the Node and its lend label are gone with it
+        assert victim in pool.client_status(cfg)["retired"]
+        with controlplane.http_client(cfg.kubeconfig, pool=1) as http:
+            assert http.get(f"/api/v1/nodes/{victim}").status_code == 404
+
+        # the same run again: every step finds its work done, no owner told twice
+        told = len(sink.bodies)
+        outcome, again, took = rollout._run_xid_79(rlab, ex, 2, victim, extra)
+        assert outcome.status is RunStatus.SUCCESSFUL and outcome.rc == 0, (
+            outcome,
+            rollout._play_output(ex, 2),
+        )
+        changed = [s for s in again.steps if s[2]]
+        print(f"[lend-xid] run 2: {took:.1f}s, {len(again.steps)} steps, changed {len(changed)}")
+        assert changed == [], changed
+        assert "pods_evicted" not in [b.get("event") for b in sink.bodies[told:]]
+        assert [(r["node"], r["action"]) for r in map(json.loads, journal.path.read_text().splitlines())][
+            4:
+        ] == []
+    finally:
+        lender.stop()
+        sink.stop()

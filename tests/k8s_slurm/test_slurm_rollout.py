@@ -283,8 +283,15 @@ def _job(lab: Lab, job: str) -> dict[str, str]:
     return dict(f.split("=", 1) for f in out.split() if "=" in f)
 
 
-def _node_line(lab: Lab, node: str) -> str:
-    return _ctl(lab, "scontrol", "show", "node", node, "-o").strip()
+def _slurm_line(lab: Lab, node: str) -> str:
+    """`scontrol show node -o`, or "" when Slurm has no record of the node (retired, or lent)."""
+    res = subprocess.run(
+        [str(lab.bin_dir / "scontrol"), "show", "node", node, "-o"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return res.stdout.strip() if res.returncode == 0 else ""
 
 
 def _pods_on(cfg: LabConfig, node: str) -> list[str]:
@@ -327,7 +334,7 @@ class _Run:
                 self.after_drain = {
                     "kube": _kube_node(self.lab.cfg, self.node),
                     "pods": _pods_on(self.lab.cfg, self.node),
-                    "slurm": _node_line(self.lab, self.node),
+                    "slurm": _slurm_line(self.lab, self.node),
                 }
             except Exception as exc:  # the callback must not stop the run; the asserts say it
                 self.after_drain = {"error": repr(exc)}
@@ -465,13 +472,7 @@ def test_the_whole_xid_79_run_on_a_dotted_node_fences_evacuates_drains_and_retir
         assert {"AutohealFenced", "AutohealEvacuated", "AutohealRetired"} <= _node_events(cfg, node)
         # Slurm: its slurmd pod deleted the node on the way out (components/slurm/workers.py), or,
         # where the node went down too hard for that, keeps it down with our reason
-        res = subprocess.run(
-            [str(lab.bin_dir / "scontrol"), "show", "node", node, "-o"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        line = res.stdout.strip() if res.returncode == 0 else ""
+        line = _slurm_line(lab, node)
         assert not line or ("DOWN" in line.split("State=")[1].split()[0] and XID_INCIDENT in line), line
         print(f"[xid-79] Slurm after the retire: {line[:200] or 'the node left Slurm'}")
 

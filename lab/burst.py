@@ -724,6 +724,7 @@ def trial(
     """The burst story on a running burst lab: training, burst, lend, serve, return, training."""
     pool = cfg.pools[0]
     s = prepare(cfg, rdir, "pytorch")
+    s.scenario.hold_s = 10.0  # serve on the lent node a while before the burst ends
     jobs = [s.training_job]
     try:
         console.print(

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from autoheal.errors import LabError
 from components.runner import RemediationRunnerArgs, runner_settings
 from lab import burst, stack
 from lab.config import LabConfig, PoolConfig
@@ -187,3 +188,129 @@ def test_the_example_jobs_progress_gives_its_last_step(tmp_path: Path) -> None:
         '{"event": "step", "step": 7}\n{"event": "checkpoint", "step": 20}\n{"partial'
     )
     assert burst.training_step(p) == 7
+
+
+# --- one burst's bookkeeping, against a scripted cluster -----------------------------------------
+
+
+class _World:
+    """A cluster that answers the scenario as the real one would, one step per observation: the
+    Deployment's pods Pending, then the lender's journal lines and labels (lend, lent), the pods
+    Running on gpu-2 and answering; at 0 replicas the return, then slurmd registering."""
+
+    def __init__(self, journal: Path) -> None:
+        self.journal = journal
+        self.replicas = 0
+        self.side = "training"
+        self.in_slurm = True
+        self.steps = 0
+        self.answers: list[burst.Answer] = []
+
+    def _lender(self, action: str, side: str) -> None:
+        with self.journal.open("a") as f:
+            f.write(json.dumps({"ts": time.time(), "node": "gpu-2", "action": action}) + "\n")
+        self.side = side
+
+    def advance(self) -> None:
+        self.steps += 1
+        if self.replicas and self.side == "training" and self.steps > 2:
+            self._lender("lend", "lending")
+            self.in_slurm = False
+        elif self.replicas and self.side == "lending":
+            self._lender("lent", "lent")
+        elif self.replicas and self.side == "lent":
+            self.answers.append(burst.Answer(time.time(), True, "gpu-2", "infer-a"))
+        elif not self.replicas and self.side == "lent":
+            self._lender("return", "returning")
+        elif self.side == "returning":
+            self._lender("returned", "training")
+        elif self.side == "training" and not self.in_slurm:
+            self.in_slurm = True
+
+
+class _Kube:
+    def __init__(self, world: _World) -> None:
+        self.w = world
+
+    def scale(self, replicas: int) -> None:
+        self.w.replicas = replicas
+
+    def pods(self) -> list[dict[str, Any]]:
+        self.w.advance()
+        lent = self.w.side == "lent"
+        phase, node = ("Running", "gpu-2") if lent else ("Pending", "")
+        return [{"status": {"phase": phase}, "spec": {"nodeName": node}}] * self.w.replicas
+
+    def sides(self, pool: str) -> dict[str, str]:
+        return {"gpu-1": "training", "gpu-2": self.w.side}
+
+
+class _Load(burst.LoadGenerator):
+    def __init__(self, world: _World) -> None:
+        super().__init__("http://unused/")
+        self.w = world
+
+    def since(self, t: float) -> list[burst.Answer]:
+        return [a for a in self.w.answers if a.ts >= t]
+
+
+def test_one_burst_is_watched_from_the_load_to_the_node_back_in_slurm(tmp_path: Path) -> None:
+    w = _World(tmp_path / "lending.jsonl")
+
+    def slurm(argv: list[str]) -> str:
+        if argv[0] == "sinfo":
+            return "gpu-1 alloc\n" + ("gpu-2 idle\n" if w.in_slurm else "")
+        return "RUNNING gpu-2" if w.in_slurm and w.side == "training" else "PENDING "
+
+    sc = burst.Scenario(
+        _Kube(w),  # type: ignore[arg-type]
+        slurm,
+        _Load(w),
+        burst.Autoscaler(10, max_replicas=2, down_after=0.3),
+        "h100",
+        w.journal,
+        hold_s=0.3,
+    )
+    b = sc.burst(timeout=30, on_lent=lambda b: "42")
+    assert b.node == "gpu-2" and b.queued_job == "42"
+    order = [k for k, _, ts in sorted(b.rows(), key=lambda r: r[2] or 0) if ts is not None]
+    assert set(order) == {k for k, _ in burst.PHASES}, order
+    for before, after in [
+        ("burst", "scaled_up"),
+        ("scaled_up", "pending"),
+        ("pending", "lending"),
+        ("lending", "lent"),
+        ("lent", "first_served"),
+        ("first_served", "burst_over"),
+        ("burst_over", "scaled_down"),
+        ("scaled_down", "returning"),
+        ("returning", "returned"),
+        ("returned", "in_slurm"),
+        ("in_slurm", "training"),
+    ]:
+        assert b.seen[before] <= b.seen[after], (before, after, b.seen)
+    figs = b.figures()
+    assert figs["burst_to_first_served_s"] == pytest.approx(b.seen["first_served"] - b.t0, abs=0.01)
+    assert figs["burst_over_to_in_slurm_s"] is not None and figs["burst_over_to_in_slurm_s"] > 0.3
+    assert sc.load.rate == 0 and sc.scaler.replicas == 0 and w.replicas == 0
+    # the report names the phases in order with their times after the burst
+    report = burst._report(b, sc.load, tmp_path / "r")
+    assert [p["phase"] for p in report["phases"]] == [k for k, _ in burst.PHASES]
+    assert report["requests"]["served_on_lent_node"] == report["requests"]["served"] > 0
+    assert json.loads(Path(report["json"]).read_text())["lent_node"] == "gpu-2"
+
+
+def test_a_burst_nobody_lends_for_ends_in_an_error_naming_what_it_waited_for(tmp_path: Path) -> None:
+    w = _World(tmp_path / "lending.jsonl")
+    w.steps = -(10**9)  # the lender never acts
+    sc = burst.Scenario(
+        _Kube(w),  # type: ignore[arg-type]
+        lambda argv: "",
+        _Load(w),
+        burst.Autoscaler(10, max_replicas=2),
+        "h100",
+        w.journal,
+    )
+    with pytest.raises(LabError, match=r"not over after 1s; waiting for: node lending .*none lent"):
+        sc.burst(timeout=1.0)
+    assert sc.load.rate == 0  # the load stops either way

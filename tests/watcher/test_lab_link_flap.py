@@ -1,10 +1,13 @@
 """A flapping link in the lab, end to end (issue 36): the simulator flaps a node's InfiniBand port
 (its sysfs link_downed counter), the node's real watcher posts NodeDegraded to the lab's real
 Alertmanager, the real runner routes it to playbooks/gpu_degraded.yml, and the lab's real Slurm
-DRAINs the node while its job keeps RUNNING; the job ends on its own and the node is DRAINED.
-One flap below the threshold does nothing. Prints fault -> DRAINING and job end -> DRAINED.
-The metric classes (GPU throttling, a pending row remap, a straggler) go through the lab's real
-Prometheus and the degraded rules instead of the watcher."""
+DRAINs the node while its job keeps RUNNING; the job ends on its own, the runner's degraded-return
+loop sees the node idle and runs playbooks/degraded_return.yml: validated (the simulator's health
+check) and returned to service, or, where the GPU is still sick, escalated to quarantine.
+One flap below the threshold does nothing. The metric classes (GPU throttling, a pending row
+remap, a straggler) go through the lab's real Prometheus and the degraded rules instead of the
+watcher. Every class runs a job on its node and prints fault -> DRAINING (job RUNNING) and job
+end -> node validated (returned, or quarantined)."""
 
 from __future__ import annotations
 
@@ -85,7 +88,7 @@ def incident_of(lab: LabConfig, name: str) -> tuple[Any, list[str], str]:
 
     j = Journal(runner.journal_path(lab))
     try:
-        [inc] = [i for i in j.incidents() if i.node == name]
+        [inc] = [i for i in j.incidents() if i.node == name and i.source != "return"]
         timeline = j.timeline(inc.id)
         facts = next((e.detail for e in timeline if e.phase == "alert_facts"), "")
         return inc, [e.phase for e in timeline], facts
@@ -93,17 +96,70 @@ def incident_of(lab: LabConfig, name: str) -> tuple[Any, list[str], str]:
         j.close()
 
 
-def test_a_flapping_link_drains_the_node_and_the_job_runs_to_its_end(lab: LabConfig, tmp_path: Path) -> None:
-    threshold = load_fault_catalog().require(FaultClass.LINK_FLAP).threshold
-    stop = tmp_path / "stop"
-    script = tmp_path / "job.sh"
+def start_job(lab: LabConfig, name: str, tmp: Path) -> tuple[int, Path]:
+    """A job on `name` that runs until its stop file appears, then ends on its own (COMPLETED)."""
+    stop = tmp / f"stop-{name}"
+    script = tmp / f"job-{name}.sh"
     script.write_text(f"#!/bin/sh\nwhile [ ! -e {stop} ]; do sleep 0.2; done\nexit 0\n")
     script.chmod(0o755)
-    job = int(
-        slurm(lab, "sbatch", "--parsable", "-w", NODE, "-N1", "-o", "/dev/null", str(script)).split(";")[0]
-    )
+    out = slurm(lab, "sbatch", "--parsable", "-w", name, "-N1", "-o", "/dev/null", str(script))
+    job = int(out.split(";")[0])
+    wait_for(lambda: job_state(lab, job) == "RUNNING", 60, f"the job on {name} running")
+    return job, stop
+
+
+def draining_with_job(lab: LabConfig, name: str, job: int) -> None:
+    """DRAIN, not DOWN: the node still runs its job, which was not signalled, killed or requeued."""
+    n = node(lab, name)
+    assert n["reason"].startswith("autoheal: degraded drain inc-"), n["reason"]
+    assert base_state(n) in ("ALLOCATED", "MIXED") and "DOWN" not in n["state_flags"], n
+    assert job_state(lab, job) == "RUNNING"
+
+
+def returned(lab: LabConfig, name: str) -> bool:
+    n = node(lab, name)
+    return "DRAIN" not in n["state_flags"] and base_state(n) == "IDLE" and n["reason"] == ""
+
+
+def quarantined(lab: LabConfig, name: str) -> bool:
+    n = node(lab, name)
+    return "DRAIN" in n["state_flags"] and str(n["reason"]).startswith("autoheal: degraded quarantine")
+
+
+def job_end_to_validated(lab: LabConfig, name: str, job: int, stop: Path, outcome: str) -> float:
+    """End the job; seconds until the node is validated and returned (or escalated to
+    quarantine), with the return incident's journal checked."""
+    from lab import runner
+    from remediation.journal import Journal
+
+    t0 = time.monotonic()
+    stop.touch()
+    wait_for(lambda: job_state(lab, job) in ("COMPLETED", "GONE"), 60, f"the job on {name} ending")
+    done = returned if outcome == "returned" else quarantined
+    wait_for(lambda: done(lab, name), 90, f"{name} {outcome}")
+    took = time.monotonic() - t0
+    j = Journal(runner.journal_path(lab))
     try:
-        wait_for(lambda: job_state(lab, job) == "RUNNING", 60, "the job running")
+        [ret] = [i for i in j.incidents() if i.node == name and i.source == "return"]
+        wait_for(lambda: not j.require_incident(ret.id).is_open, 30, "the return incident closed")
+        ret = j.require_incident(ret.id)
+        phases = {(e.phase, e.status) for e in j.timeline(ret.id)}
+    finally:
+        j.close()
+    assert ret.playbook == "degraded_return.yml"
+    if outcome == "returned":
+        assert ret.state.value == "completed" and {("validated", "ok"), ("returned", "ok")} <= phases
+    else:
+        assert ret.state.value == "failed" and {("validated", "failed"), ("quarantined", "ok")} <= phases
+    return took
+
+
+def test_a_flapping_link_drains_the_node_the_job_runs_to_its_end_and_the_node_returns(
+    lab: LabConfig, tmp_path: Path
+) -> None:
+    threshold = load_fault_catalog().require(FaultClass.LINK_FLAP).threshold
+    job, stop = start_job(lab, NODE, tmp_path)
+    try:
         time.sleep(1.5)  # the watcher has learnt the port's counters
 
         sim(lab, "/v1/link", {"node": NODE, "flaps": 1})  # one flap: below the threshold
@@ -115,96 +171,157 @@ def test_a_flapping_link_drains_the_node_and_the_job_runs_to_its_end(lab: LabCon
         sim(lab, "/v1/link", {"node": NODE, "flaps": threshold - 1})
         wait_for(lambda: "DRAIN" in node(lab, NODE)["state_flags"], 60, "the node DRAINING")
         to_draining = time.monotonic() - t0
-        n = node(lab, NODE)
-        assert n["reason"].startswith("autoheal: degraded drain inc-"), n["reason"]
-        assert base_state(n) in ("ALLOCATED", "MIXED") and "DOWN" not in n["state_flags"]
-        assert job_state(lab, job) == "RUNNING"  # nothing signalled, killed or requeued
+        draining_with_job(lab, NODE, job)
         [alert] = degraded_alerts(lab)
         assert (alert["labels"]["Hostname"], alert["labels"]["fault"]) == (NODE, "link_flap")
         for other in ("gpu-1", "gpu-3"):
             assert "DRAIN" not in node(lab, other)["state_flags"]
         time.sleep(3.0)
         assert job_state(lab, job) == "RUNNING"  # and stays running after the play ended
+        assert not [i for i in incidents(lab) if i.source == "return"]  # nothing validates a busy node
 
         inc, phases, facts = incident_of(lab, NODE)
         assert (inc.tier, inc.playbook, inc.state) == ("drain", "gpu_degraded.yml", "completed")
         assert {"fenced", "done"} <= set(phases) and '"fault": "link_flap"' in facts
 
-        t1 = time.monotonic()
-        stop.touch()
-        wait_for(lambda: job_state(lab, job) in ("COMPLETED", "GONE"), 60, "the job's end")
-        wait_for(lambda: base_state(node(lab, NODE)) == "IDLE", 60, "the node DRAINED")
-        to_drained = time.monotonic() - t1
-        n = node(lab, NODE)
-        assert "DRAIN" in n["state_flags"] and n["reason"].startswith("autoheal: degraded drain")
+        to_returned = job_end_to_validated(lab, NODE, job, stop, "returned")
+        # the return is copied onto the drain incident by the loop's next pass (the new-fault boundary)
+        wait_for(lambda: "returned" in incident_of(lab, NODE)[1], 10, "the return on the drain incident")
+        assert "validation_queued" in incident_of(lab, NODE)[1]
         print(
-            f"\nlink flap -> DRAINING (job RUNNING): {to_draining:.2f}s; job end -> DRAINED: {to_drained:.2f}s"
+            f"\nlink flap -> DRAINING (job RUNNING): {to_draining:.2f}s;"
+            f" job end -> validated and returned: {to_returned:.2f}s"
         )
     finally:
         stop.touch()
 
 
-def test_a_gpu_whose_pcie_link_trained_down_is_drained_once_it_held(lab: LabConfig) -> None:
+def incidents(lab: LabConfig) -> list[Any]:
+    from lab import runner
+    from remediation.journal import Journal
+
+    j = Journal(runner.journal_path(lab))
+    try:
+        return j.incidents()
+    finally:
+        j.close()
+
+
+def test_a_gpu_whose_pcie_link_trained_down_is_drained_once_it_held_and_quarantined_after_its_job(
+    lab: LabConfig, tmp_path: Path
+) -> None:
     sustain = load_fault_catalog().require(FaultClass.PCIE_DOWNTRAINED).sustain_seconds
-    t0 = time.monotonic()
-    sim(lab, "/v1/pcie", {"node": "gpu-3", "gpu": 1, "width": 8})
-    wait_for(lambda: "DRAIN" in node(lab, "gpu-3")["state_flags"], sustain + 60, "gpu-3 DRAINED")
-    took = time.monotonic() - t0
-    assert took >= sustain
-    assert node(lab, "gpu-3")["reason"].startswith("autoheal: degraded drain inc-")
-    inc, _phases, facts = incident_of(lab, "gpu-3")
-    assert inc.tier == "drain" and '"fault": "pcie_downtrained"' in facts
-    print(f"\nPCIe x8 of x16 -> DRAINED: {took:.2f}s (sustain {sustain}s)")
+    job, stop = start_job(lab, "gpu-3", tmp_path)
+    try:
+        t0 = time.monotonic()
+        sim(lab, "/v1/pcie", {"node": "gpu-3", "gpu": 1, "width": 8})
+        wait_for(lambda: "DRAIN" in node(lab, "gpu-3")["state_flags"], sustain + 60, "gpu-3 DRAINING")
+        took = time.monotonic() - t0
+        assert took >= sustain
+        draining_with_job(lab, "gpu-3", job)
+        inc, _phases, facts = incident_of(lab, "gpu-3")
+        assert inc.tier == "drain" and '"fault": "pcie_downtrained"' in facts
+        # still x8 at the validation: DCGM's PCIe test fails it, the node climbs to quarantine
+        to_validated = job_end_to_validated(lab, "gpu-3", job, stop, "quarantined")
+        print(
+            f"\nPCIe x8 of x16 -> DRAINING (job RUNNING): {took:.2f}s (sustain {sustain}s);"
+            f" job end -> validation failed, quarantined: {to_validated:.2f}s"
+        )
+    finally:
+        stop.touch()
 
 
 def test_dcgm_throttling_for_heat_and_a_pending_row_remap_drain_power_capping_does_not(
-    lab: LabConfig,
+    lab: LabConfig, tmp_path: Path
 ) -> None:
     """The metric classes: the simulator's DCGM series, the lab's real Prometheus with the
-    degraded rules (their sustain cut to lab.prom.LAB_SUSTAIN_S), the same route and runner."""
+    degraded rules (their sustain cut to lab.prom.LAB_SUSTAIN_S), the same route and runner.
+    After the job: a GPU still hot fails its validation (quarantine); a pending remap is applied
+    by the GPU reset before the validation, and the node returns."""
     from lab.prom import LAB_SUSTAIN_S
 
-    sim(lab, "/v1/gpu_state", {"node": "gpu-1", "gpu": 0, "throttle_reasons": 0x4 | 0x1})  # power cap, idle
-    t0 = time.monotonic()
-    sim(lab, "/v1/gpu_state", {"node": "gpu-4", "gpu": 2, "throttle_reasons": 0x40})  # HW thermal
-    wait_for(lambda: "DRAIN" in node(lab, "gpu-4")["state_flags"], 60, "gpu-4 DRAINED")
-    took = time.monotonic() - t0
-    inc, _phases, facts = incident_of(lab, "gpu-4")
-    assert inc.tier == "drain" and '"fault": "gpu_throttle"' in facts and '"source": "dcgm"' in facts
-    time.sleep(LAB_SUSTAIN_S + 3)
-    assert "DRAIN" not in node(lab, "gpu-1")["state_flags"]  # power capping is no fault
-    print(f"\nHW thermal slowdown -> DRAINED: {took:.2f}s (sustain {LAB_SUSTAIN_S}s)")
+    job, stop = start_job(lab, "gpu-4", tmp_path)
+    try:
+        sim(
+            lab, "/v1/gpu_state", {"node": "gpu-1", "gpu": 0, "throttle_reasons": 0x4 | 0x1}
+        )  # power cap, idle
+        t0 = time.monotonic()
+        sim(lab, "/v1/gpu_state", {"node": "gpu-4", "gpu": 2, "throttle_reasons": 0x40})  # HW thermal
+        wait_for(lambda: "DRAIN" in node(lab, "gpu-4")["state_flags"], 60, "gpu-4 DRAINING")
+        took = time.monotonic() - t0
+        draining_with_job(lab, "gpu-4", job)
+        inc, _phases, facts = incident_of(lab, "gpu-4")
+        assert inc.tier == "drain" and '"fault": "gpu_throttle"' in facts and '"source": "dcgm"' in facts
+        to_validated = job_end_to_validated(lab, "gpu-4", job, stop, "quarantined")
+        assert "DRAIN" not in node(lab, "gpu-1")["state_flags"]  # power capping is no fault
+        print(
+            f"\nHW thermal slowdown -> DRAINING (job RUNNING): {took:.2f}s (sustain {LAB_SUSTAIN_S}s);"
+            f" job end -> validation failed, quarantined: {to_validated:.2f}s"
+        )
+    finally:
+        stop.touch()
 
     sim(lab, "/v1/clear", {"node": "gpu-1"})
-    t0 = time.monotonic()
-    sim(lab, "/v1/gpu_state", {"node": "gpu-1", "gpu": 3, "row_remap_pending": True})
-    wait_for(lambda: "DRAIN" in node(lab, "gpu-1")["state_flags"], 60, "gpu-1 DRAINED")
-    inc, _phases, facts = incident_of(lab, "gpu-1")
-    assert inc.tier == "drain" and '"fault": "row_remap_pending"' in facts
-    print(f"row remap pending -> DRAINED: {time.monotonic() - t0:.2f}s")
+    job, stop = start_job(lab, "gpu-1", tmp_path)
+    try:
+        t0 = time.monotonic()
+        sim(lab, "/v1/gpu_state", {"node": "gpu-1", "gpu": 3, "row_remap_pending": True})
+        wait_for(lambda: "DRAIN" in node(lab, "gpu-1")["state_flags"], 60, "gpu-1 DRAINING")
+        took = time.monotonic() - t0
+        draining_with_job(lab, "gpu-1", job)
+        inc, _phases, facts = incident_of(lab, "gpu-1")
+        assert inc.tier == "drain" and '"fault": "row_remap_pending"' in facts
+        to_validated = job_end_to_validated(lab, "gpu-1", job, stop, "returned")
+        print(
+            f"row remap pending -> DRAINING (job RUNNING): {took:.2f}s;"
+            f" job end -> GPU reset, validated and returned: {to_validated:.2f}s"
+        )
+    finally:
+        stop.touch()
 
 
-def test_a_rank_slower_than_its_peers_drains_its_node(lab: LabConfig) -> None:
+def test_a_rank_slower_than_its_peers_drains_its_node(lab: LabConfig, tmp_path: Path) -> None:
     """The straggler rule on the ranks' step times (the simulator stands for the job's exporter):
-    the slow rank's node is drained (as the promtool tests show, within the margin is no fault)."""
-    times = {"gpu-1": 1.0, "gpu-2": 1.02, "gpu-3": 0.99, "gpu-5": 1.6}
-    t0 = time.monotonic()
-    for rank, (name, seconds) in enumerate(times.items()):
-        sim(lab, "/v1/step", {"node": name, "slurm_job": "77", "rank": rank, "seconds": seconds})
-    wait_for(lambda: "DRAIN" in node(lab, "gpu-5")["state_flags"], 60, "gpu-5 DRAINED")
-    inc, _phases, facts = incident_of(lab, "gpu-5")
-    assert inc.tier == "drain" and '"fault": "straggler"' in facts and '"source": "job"' in facts
-    print(f"\nstraggler (1.6 s vs a median of ~1.0 s) -> DRAINED: {time.monotonic() - t0:.2f}s")
+    the slow rank's node is drained (as the promtool tests show, within the margin is no fault);
+    once the job ends the node itself passes its validation and returns."""
+    job, stop = start_job(lab, "gpu-5", tmp_path)
+    try:
+        times = {"gpu-1": 1.0, "gpu-2": 1.02, "gpu-3": 0.99, "gpu-5": 1.6}
+        t0 = time.monotonic()
+        for rank, (name, seconds) in enumerate(times.items()):
+            sim(lab, "/v1/step", {"node": name, "slurm_job": "77", "rank": rank, "seconds": seconds})
+        wait_for(lambda: "DRAIN" in node(lab, "gpu-5")["state_flags"], 60, "gpu-5 DRAINING")
+        took = time.monotonic() - t0
+        draining_with_job(lab, "gpu-5", job)
+        inc, _phases, facts = incident_of(lab, "gpu-5")
+        assert inc.tier == "drain" and '"fault": "straggler"' in facts and '"source": "job"' in facts
+        to_validated = job_end_to_validated(lab, "gpu-5", job, stop, "returned")
+        print(
+            f"\nstraggler (1.6 s vs a median of ~1.0 s) -> DRAINING (job RUNNING): {took:.2f}s;"
+            f" job end -> validated and returned: {to_validated:.2f}s"
+        )
+    finally:
+        stop.touch()
 
 
-def test_climbing_symbol_errors_drain_the_node_a_few_do_not(lab: LabConfig) -> None:
+def test_climbing_symbol_errors_drain_the_node_a_few_do_not(lab: LabConfig, tmp_path: Path) -> None:
     threshold = load_fault_catalog().require(FaultClass.NIC_ERRORS).threshold
-    sim(lab, "/v1/link", {"node": "gpu-6", "errors": threshold // 10})
-    time.sleep(3.0)
-    assert "DRAIN" not in node(lab, "gpu-6")["state_flags"]
-    t0 = time.monotonic()
-    sim(lab, "/v1/link", {"node": "gpu-6", "errors": threshold})
-    wait_for(lambda: "DRAIN" in node(lab, "gpu-6")["state_flags"], 60, "gpu-6 DRAINED")
-    inc, _phases, facts = incident_of(lab, "gpu-6")
-    assert inc.tier == "drain" and '"fault": "nic_errors"' in facts
-    print(f"\nsymbol errors -> DRAINED: {time.monotonic() - t0:.2f}s")
+    job, stop = start_job(lab, "gpu-6", tmp_path)
+    try:
+        sim(lab, "/v1/link", {"node": "gpu-6", "errors": threshold // 10})
+        time.sleep(3.0)
+        assert "DRAIN" not in node(lab, "gpu-6")["state_flags"]
+        t0 = time.monotonic()
+        sim(lab, "/v1/link", {"node": "gpu-6", "errors": threshold})
+        wait_for(lambda: "DRAIN" in node(lab, "gpu-6")["state_flags"], 60, "gpu-6 DRAINING")
+        took = time.monotonic() - t0
+        draining_with_job(lab, "gpu-6", job)
+        inc, _phases, facts = incident_of(lab, "gpu-6")
+        assert inc.tier == "drain" and '"fault": "nic_errors"' in facts
+        to_validated = job_end_to_validated(lab, "gpu-6", job, stop, "returned")
+        print(
+            f"\nsymbol errors -> DRAINING (job RUNNING): {took:.2f}s;"
+            f" job end -> validated and returned: {to_validated:.2f}s"
+        )
+    finally:
+        stop.touch()

@@ -1,0 +1,329 @@
+"""The slurmrestd client against a real Slurm 26.05 (Debian forky): slurmctld with auth/slurm and
+auth/jwt, one slurmd, slurmrestd with rest_auth/jwt, run from a forky root filesystem on this host.
+
+The root filesystem is built once with mmdebstrap (images.debian, ~40 s from the mirror) and cached
+as a tar under the image cache; each run unpacks it into its own folder and runs each daemon in a
+mount namespace of its own (`unshare --mount`: /proc and /dev mounted for the chroot vanish with
+the daemon), chrooted. Two nodes: gpu-nodeset-0 has the slurmd (jobs run on it), gpu-nodeset-1 is
+a record only (nothing answers on its port), named as Slinky's StatefulSet mode names them.
+No mirror, no mmdebstrap or not root: skipped, saying which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from autoheal.nodemap import NodeMapRule, map_nodes
+from autoheal.slurmrest import (
+    SETTING_TOKEN_FILE,
+    SETTING_USER,
+    SignedToken,
+    SlurmRest,
+    SlurmRestAuthError,
+    SlurmRestVersionError,
+    TokenFile,
+    sign_hs256,
+)
+from components.preflight.slurmrest import check_slurmrest
+from images import debian
+from images.build import cache_root
+from tests.support import port_base, wait_for
+
+SUITE = "forky"
+PACKAGES = ("slurmctld", "slurmd", "slurmrestd", "slurm-client", "slurm-wlm-jwt-plugin")
+# the mirror serves a snapshot of testing whose Release is past its Valid-Until
+APT_OPTIONS = ('Acquire::Check-Valid-Until "false"',)
+PORTS = port_base(29450)  # +0 slurmctld, +1 slurmd, +2 slurmrestd, +3 nothing (the record-only node)
+NODES = ("gpu-nodeset-0", "gpu-nodeset-1")
+LIB = "/usr/lib/x86_64-linux-gnu/slurm-wlm"
+
+
+def rootfs_tar() -> Path:
+    """The cached forky tar (built on first use); skips the module when it cannot be built."""
+    if os.geteuid() != 0:
+        pytest.skip("SLURM 26.05 NOT TESTED: needs root (chroot, mount namespaces)")
+    if shutil.which("mmdebstrap") is None or shutil.which("unshare") is None:
+        pytest.skip(
+            "SLURM 26.05 NOT TESTED: mmdebstrap or unshare missing (scripts/bootstrap.sh installs them)"
+        )
+    key = hashlib.sha256(repr((SUITE, PACKAGES, APT_OPTIONS)).encode()).hexdigest()[:12]
+    cache = cache_root() / "slurmrest"
+    tar = cache / f"{SUITE}-{key}.tar"
+    if tar.exists():
+        return tar
+    cache.mkdir(parents=True, exist_ok=True)
+    part = tar.with_suffix(".part")
+    try:
+        debian.mmdebstrap(
+            SUITE,
+            PACKAGES,
+            part,
+            cache_root() / "debs" / SUITE,
+            cache / f"{SUITE}-{key}.log",
+            apt_options=APT_OPTIONS,
+            timeout=600,
+        )
+    except debian.BuildError as exc:
+        part.unlink(missing_ok=True)
+        pytest.skip(f"SLURM 26.05 NOT TESTED: the forky root filesystem could not be built: {exc}")
+    part.rename(tar)
+    return tar
+
+
+SLURM_CONF = """\
+ClusterName=ahrest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld}
+SlurmdPort={slurmd}
+AuthType=auth/slurm
+CredType=auth/slurm
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=/etc/slurm/jwt_hs256.key
+SlurmUser=root
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldPidFile=/run/slurm/slurmctld.pid
+SlurmdPidFile=/run/slurm/slurmd.pid
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+ReturnToService=2
+NodeName={n0} NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=UNKNOWN
+NodeName={n1} NodeAddr=127.0.0.1 Port={nowhere} CPUs=1 RealMemory=100 State=UNKNOWN
+PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@dataclass
+class ForkySlurm:
+    root: Path
+    url: str
+    key: Path  # slurmctld's jwt key
+    procs: list[subprocess.Popen[bytes]]
+
+    def run(self, *argv: str) -> str:
+        """A Slurm command inside the root filesystem (auth/slurm with its key, as root)."""
+        res = subprocess.run(["chroot", str(self.root), *argv], capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, f"{argv}: {res.stderr}"
+        return res.stdout
+
+    def client(self, user: str = "root", lifespan: float = 60, **kw: object) -> SlurmRest:
+        return SlurmRest(self.url, user, SignedToken(self.key, user, lifespan=lifespan, **kw))  # type: ignore[arg-type]
+
+    def log(self, name: str) -> str:
+        path = self.root / "var/log/slurm" / name
+        return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
+
+
+def _daemon(
+    root: Path, argv: list[str], out: Path, user: str = "", env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """One daemon in a mount namespace of its own, chrooted: the namespace's mounts of /proc and
+    /dev go with it. No --fork: the Popen's pid is the daemon's, so a signal reaches it."""
+    userspec = f"--userspec={user}:{user} " if user else ""
+    script = (
+        f"mount -t proc proc {root}/proc && mount --rbind /dev {root}/dev && "
+        f"exec chroot {userspec}{root} {' '.join(argv)}"
+    )
+    with out.open("wb") as fh:
+        return subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkySlurm]:
+    t0 = time.monotonic()
+    tar = rootfs_tar()
+    built = time.monotonic() - t0
+    base = tmp_path_factory.mktemp("forky")
+    root = base / "root"
+    root.mkdir()
+    subprocess.run(["tar", "-C", str(root), "-xf", str(tar)], check=True, timeout=120)  # device nodes too
+    etc = root / "etc/slurm"
+    for d in ("var/spool/slurmctld", "var/spool/slurmd", "var/log/slurm", "run/slurm"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for name in ("slurm.key", "jwt_hs256.key"):
+        (etc / name).write_bytes(os.urandom(32))
+        (etc / name).chmod(0o600)
+    host = socket.gethostname().split(".")[0]
+    (etc / "slurm.conf").write_text(
+        SLURM_CONF.format(
+            host=host, ctld=PORTS, slurmd=PORTS + 1, nowhere=PORTS + 3, n0=NODES[0], n1=NODES[1]
+        )
+    )
+    (etc / "cgroup.conf").write_text("CgroupPlugin=disabled\n")  # no cgroup tree in the chroot
+    procs = [_daemon(root, ["/usr/sbin/slurmctld", "-D"], base / "slurmctld.out")]
+    s = ForkySlurm(root, f"http://127.0.0.1:{PORTS + 2}", etc / "jwt_hs256.key", procs)
+    try:
+        wait_for(
+            lambda: procs[0].poll() is None and "Running as primary controller" in s.log("slurmctld.log"),
+            30,
+            "slurmctld",
+        )
+        procs.append(_daemon(root, ["/usr/sbin/slurmd", "-D", "-N", NODES[0]], base / "slurmd.out"))
+        restd = ["/usr/sbin/slurmrestd", "-a", "rest_auth/jwt", f"127.0.0.1:{PORTS + 2}"]
+        # SLURM_JWT=daemon: slurmrestd passes the clients' tokens through to slurmctld (only
+        # slurmrestd: in slurmctld's environment it switches its own auth to jwt, and 26.05 stops)
+        procs.append(_daemon(root, restd, base / "slurmrestd.out", user="slurm", env={"SLURM_JWT": "daemon"}))
+        c = s.client()
+
+        def up() -> bool:
+            try:
+                return "IDLE" in c.nodes()[NODES[0]].state
+            except Exception:
+                return False
+
+        wait_for(up, 60, f"slurmrestd and {NODES[0]} idle; slurmd log:\n{s.log('slurmd.log')}")
+        c.close()
+        print(f"\nforky Slurm up in {time.monotonic() - t0:.1f} s (root filesystem {built:.1f} s of it)")
+        yield s
+    finally:
+        _stop(procs)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_version_api_and_preflight(slurm: ForkySlurm) -> None:
+    c = slurm.client()
+    served = c.check()
+    assert served.release.startswith("26.05.") and served.version >= (26, 5, 0)
+    assert served.api_versions[:2] == ("v0.0.45", "v0.0.44")  # what 26.05 serves (also v0.0.43, v0.0.42)
+    assert c.api_version == "v0.0.45"
+    rows = check_slurmrest(slurm.client())
+    assert [(r.name, r.status) for r in rows] == [
+        ("slurmrestd reachable", "pass"),
+        ("slurm version", "pass"),
+        ("slurmrestd authorised", "pass"),
+    ], rows
+
+
+@pytest.mark.parametrize("api", ["v0.0.45", "v0.0.44"])
+def test_list_drain_with_reason_and_resume(slurm: ForkySlurm, api: str) -> None:
+    c = SlurmRest(slurm.url, "root", SignedToken(slurm.key, "root"), api_version=api)
+    nodes = c.nodes()
+    assert set(nodes) == set(NODES)
+    assert not nodes[NODES[0]].drained
+    for name in NODES:  # the live node and the record-only one
+        reason = f"autoheal: XID 79 {name} ({api})"
+        c.drain([name], reason)
+        got = c.node(name)
+        assert got.drained and "DRAIN" in got.state and got.reason == reason, got
+        assert reason in slurm.run("scontrol", "show", "node", name)  # Slurm itself says so
+        c.resume([name])
+        got = c.node(name)
+        assert "DRAIN" not in got.state and got.reason == "", got
+    # what the mapping reads from the live node list: Slinky's StatefulSet names via the pods
+    pods = [
+        {
+            "metadata": {"name": n, "labels": {"app.kubernetes.io/name": "slurmd"}},
+            "spec": {"nodeName": f"k{i}"},
+        }
+        for i, n in enumerate(NODES)
+    ]
+    kube = [{"metadata": {"name": k}} for k in ("k0", "k1", "k2")]
+    m = map_nodes(
+        NodeMapRule("pod-hostname", selector="app.kubernetes.io/name=slurmd"), kube, pods, c.nodes()
+    )
+    assert m.mapped == {"k0": NODES[0], "k1": NODES[1]} and set(m.unmapped) == {"k2"}
+
+
+def test_jobs_on_a_node_and_requeue(slurm: ForkySlurm) -> None:
+    job = slurm.run("sbatch", "--parsable", "-w", NODES[0], "-o", "/dev/null", "--wrap", "sleep 300").strip()
+    c = slurm.client()
+    try:
+        running = wait_for(lambda: c.jobs_on(NODES[0]), 30, f"job {job} running on {NODES[0]}")
+        assert [j.job_id for j in running] == [job] and running[0].nodes == (NODES[0],)
+        assert c.node(NODES[0]).busy
+        pinned = SlurmRest(slurm.url, "root", SignedToken(slurm.key, "root"), api_version="v0.0.44")
+        with pytest.raises(SlurmRestVersionError, match="no job requeue"):
+            pinned.requeue([job])
+        c.requeue([job])
+        wait_for(lambda: not c.jobs_on(NODES[0]), 30, f"job {job} requeued off {NODES[0]}")
+        again = [j for j in c.jobs() if j.job_id == job]
+        assert again and again[0].state == "PENDING", again  # requeued, not cancelled
+    finally:
+        slurm.run("scancel", job)
+
+
+def test_signed_token_refreshed_before_and_after_expiry(slurm: ForkySlurm) -> None:
+    # proactive: a 2 s token, re-signed in its last half second; a call after it expired succeeds
+    c = slurm.client(lifespan=2, refresh_margin=0.5)
+    c.nodes()
+    time.sleep(2.5)
+    assert set(c.nodes()) == set(NODES)
+    src = c.tokens
+    assert isinstance(src, SignedToken) and src.signed == 2 and c.refreshed == 0
+
+    # reactive: the runner's clock 2 s behind slurmctld's, so it sends a token slurmctld already
+    # finds expired; the refusal makes it sign again, and the one retry succeeds
+    lag = SignedToken(slurm.key, "root", lifespan=4, refresh_margin=0, clock=lambda: time.time() - 2)
+    c = SlurmRest(slurm.url, "root", lag)
+    c.nodes()
+    time.sleep(2.8)
+    assert set(c.nodes()) == set(NODES)
+    assert c.refreshed == 1 and lag.signed == 2
+
+
+def test_token_file_expired_bad_and_rotated(slurm: ForkySlurm, tmp_path: Path) -> None:
+    f = tmp_path / "token"
+    key = slurm.key.read_bytes()
+    now = int(time.time())
+    f.write_text(sign_hs256(key, {"iat": now - 120, "exp": now - 60, "sun": "root"}))
+    c = SlurmRest(slurm.url, "root", TokenFile(f), api_version="v0.0.45")
+    with pytest.raises(
+        SlurmRestAuthError, match=r"Protocol authentication error \(1007\).*expired \d+ s ago"
+    ) as err:
+        c.nodes()
+    assert err.value.setting == SETTING_TOKEN_FILE
+    rows = check_slurmrest(c)
+    assert rows[-1].name == "slurmrestd authorised" and rows[-1].status == "fail"
+    assert SETTING_TOKEN_FILE in rows[-1].fix
+
+    f.write_text(sign_hs256(os.urandom(32), {"iat": now, "exp": now + 600, "sun": "root"}))  # not Slurm's key
+    os.utime(f, ns=(time.time_ns(), time.time_ns() + 10**9))
+    with pytest.raises(SlurmRestAuthError, match=rf"put a valid token for user 'root' in {f}"):
+        c.nodes()
+
+    f.write_text(sign_hs256(key, {"iat": now, "exp": now + 600, "sun": "root"}))  # the Secret rotated
+    os.utime(f, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
+    assert set(c.nodes()) == set(NODES)
+
+
+def test_a_user_who_may_not_drain_names_the_user_setting(slurm: ForkySlurm) -> None:
+    c = slurm.client(user="slurm")  # a valid token, but not SlurmUser, root or an operator
+    assert set(c.nodes()) == set(NODES)  # reading is allowed
+    with pytest.raises(
+        SlurmRestAuthError, match=r"does not allow user 'slurm'.*Invalid user id \(2010\)"
+    ) as err:
+        c.drain([NODES[1]], "autoheal: not allowed")
+    assert err.value.setting == SETTING_USER
+    assert not slurm.client().node(NODES[1]).drained

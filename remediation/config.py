@@ -14,10 +14,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
 
 from autoheal.backends import PoolBackendName
-from autoheal.errors import field_errors
+from autoheal.errors import ConfigError, field_errors
 from autoheal.journalrules import dsn_has_password
 from autoheal.labels import OPT_OUT_LABEL, POOL_LABEL, QUARANTINED, STATE_LABEL
 from autoheal.names import is_node_name
+from autoheal.nodemap import NodeMapRule
 from autoheal.yamlfile import read_yaml
 from remediation.cordon_sync import DEFAULT_IGNORED_TAINTS
 from remediation.errors import RunnerConfigError
@@ -37,6 +38,42 @@ class Budgets(BaseModel):
             " only, in fence-only runs (no job signalled, no spare, nothing destructive); see batches.py"
         ),
     )
+
+
+class FailureDomains(BaseModel):
+    """Link faults on many nodes of one failure domain at once (a leaf switch, a rack) are one
+    incident for the domain - a human is paged, no node is drained - not a drain of the rack
+    (remediation/domains.py). A node's domain is its label `label` (EKS sets
+    topology.k8s.aws/network-node-layer-3, the network node nearest the instance, on instances
+    with topology), else its entry in `nodes` (clusters without such a label)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    label: str = Field(
+        default="topology.k8s.aws/network-node-layer-3",
+        pattern=r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$|^$",
+        description="the node label naming a node's failure domain ('': none)",
+    )
+    nodes: dict[str, str] = Field(default_factory=dict, description="node -> domain, where no label says it")
+    faults: tuple[Literal["link_flap", "nic_errors"], ...] = Field(
+        default=("link_flap", "nic_errors"), description="the degraded fault classes a domain shares"
+    )
+    min_nodes: int = Field(default=3, ge=2, le=10000, description="this many nodes of a domain: one incident")
+    window_seconds: float = Field(default=300.0, gt=0, le=86400, description="...within this window")
+    hold_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        le=600,
+        description="a link fault of a node with a domain waits this long for its peers before the drain",
+    )
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = sorted(n for n, d in value.items() if not is_node_name(n) or not 0 < len(d) <= 63)
+        if bad:
+            raise ValueError(f"node names (and a domain of 1-63 characters) expected; got {bad}")
+        return value
 
 
 class NodeCap(BaseModel):
@@ -233,6 +270,69 @@ class OwnerSettings(BaseModel):
         return value
 
 
+class SlurmRestSettings(BaseModel):
+    """slurmrestd of a Slurm autoheal did not deploy (autoheal/slurmrest.py): its URL, the user and
+    where its JWT comes from: `token_file` (a mounted Secret, read again when it changes) or
+    `jwt_key_file` (slurmctld's jwt key: autoheal signs its own tokens, each `token_lifespan_s`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(pattern=r"^https?://[^/\s]+", description="e.g. http://slurm-restapi.slurm:6820")
+    user: str = Field(default="slurm", pattern=r"^[a-z_][a-z0-9_.-]{0,31}$", description="X-SLURM-USER-NAME")
+    token_file: Path | None = None
+    jwt_key_file: Path | None = None
+    token_lifespan_s: float = Field(default=1800.0, ge=10, le=86400)
+    api_version: Literal["v0.0.45", "v0.0.44"] | None = Field(
+        default=None, description="default: newest served"
+    )
+    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> SlurmRestSettings:
+        if (self.token_file is None) == (self.jwt_key_file is None):
+            raise ValueError(
+                "token_file: set exactly one of token_file (a JWT in a mounted Secret) and jwt_key_file"
+                " (slurmctld's jwt key: autoheal signs its own tokens)"
+            )
+        return self
+
+
+class NodeMapSettings(BaseModel):
+    """Which Slurm node a Kubernetes node is (autoheal/nodemap.py): `same`, `pod-hostname` (the slurmd
+    pod's hostname, pods chosen by `selector`) or `annotation` (the node annotation `annotation`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rule: Literal["same", "pod-hostname", "annotation"] = "same"
+    selector: str = Field(default="", max_length=1000)
+    annotation: str = Field(default="", max_length=317)
+
+    @model_validator(mode="after")
+    def _complete(self) -> NodeMapSettings:
+        try:
+            NodeMapRule(self.rule, self.selector, self.annotation).check()
+        except ConfigError as exc:  # "slurm.node_map.selector: ..." -> the field's own name first
+            raise ValueError(str(exc).removeprefix("slurm.node_map.")) from exc
+        return self
+
+
+class SlurmSettings(BaseModel):
+    """`backend: own`: the Slurm autoheal deployed (slurm.conf and munge, play_vars). `existing`: a
+    Slurm someone else runs (Slinky, soperator, manifests), reached through slurmrestd (`rest`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["own", "existing"] = "own"
+    rest: SlurmRestSettings | None = None
+    node_map: NodeMapSettings = NodeMapSettings()
+
+    @model_validator(mode="after")
+    def _rest_for_existing(self) -> SlurmSettings:
+        if self.backend == "existing" and self.rest is None:
+            raise ValueError("rest: backend existing needs rest (url, user, token_file or jwt_key_file)")
+        return self
+
+
 class RunnerConfig(BaseModel):
     """Everything `autoheal serve` needs; see config/runner.yaml for a commented example."""
 
@@ -255,6 +355,7 @@ class RunnerConfig(BaseModel):
     dry_run: bool = False
     budgets: Budgets = Budgets()
     node_cap: NodeCap = NodeCap()
+    failure_domains: FailureDomains = FailureDomains()
     dedup_window_seconds: int = Field(default=900, ge=0)
     opt_out_label: str = OPT_OUT_LABEL
     pool_label: str = POOL_LABEL
@@ -310,6 +411,7 @@ class RunnerConfig(BaseModel):
     degraded_return: DegradedReturnSettings = DegradedReturnSettings()
     owners: OwnerSettings = OwnerSettings()
     leader_election: LeaderElection = LeaderElection()
+    slurm: SlurmSettings = SlurmSettings()
     play_vars: dict[str, Any] = Field(
         default_factory=dict,
         description="static extra vars for every play (e.g. autoheal_slurm_conf); rules override",
@@ -404,6 +506,12 @@ def parse_config(data: Any, origin: str, base: Path, env: dict[str, str] | None 
                 (base / Path(r).expanduser()).resolve() if isinstance(r, str) else r
                 for r in owners["progress_roots"]
             ]
+    rest = merged.get("slurm", {}).get("rest") if isinstance(merged.get("slurm"), dict) else None
+    if isinstance(rest, dict):
+        merged["slurm"] = {**merged["slurm"], "rest": dict(rest)}
+        for key in ("token_file", "jwt_key_file"):
+            if isinstance(rest.get(key), str):
+                merged["slurm"]["rest"][key] = (base / Path(rest[key]).expanduser()).resolve()
     if isinstance(merged.get("play_vars"), dict):
         # the plays read relative paths from their own working directory, which is not this file's
         merged["play_vars"] = {

@@ -12,6 +12,7 @@ No mirror, no mmdebstrap or not root: skipped, saying which.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -38,6 +39,9 @@ from autoheal.slurmrest import (
 from components.preflight.slurmrest import check_slurmrest
 from images import debian
 from images.build import cache_root
+from remediation.cordon_sync import SYNC_REASON, CordonSync, KubeNode, KubeNodes, SyncJournal
+from remediation.lending import Job
+from remediation.slurm_existing import RestSlurm
 from tests.support import port_base, wait_for
 
 SUITE = "forky"
@@ -257,12 +261,26 @@ def test_list_drain_with_reason_and_resume(slurm: ForkySlurm, api: str) -> None:
 
 
 def test_jobs_on_a_node_and_requeue(slurm: ForkySlurm) -> None:
-    job = slurm.run("sbatch", "--parsable", "-w", NODES[0], "-o", "/dev/null", "--wrap", "sleep 300").strip()
+    job = slurm.run(
+        "sbatch",
+        "--parsable",
+        "-w",
+        NODES[0],
+        "-o",
+        "/dev/null",
+        "--comment",
+        "checkpoint=1234",
+        "--wrap",
+        "sleep 300",
+    ).strip()
     c = slurm.client()
     try:
         running = wait_for(lambda: c.jobs_on(NODES[0]), 30, f"job {job} running on {NODES[0]}")
         assert [j.job_id for j in running] == [job] and running[0].nodes == (NODES[0],)
         assert c.node(NODES[0]).busy
+        # what the lender reads (remediation/slurm_existing.RestSlurm): the job and its checkpoint
+        assert RestSlurm(c).jobs_on(NODES[0]) == (Job(job, running[0].priority, 1234.0),)
+        assert RestSlurm(c).nodes()[NODES[0]].busy
         pinned = SlurmRest(slurm.url, "root", SignedToken(slurm.key, "root"), api_version="v0.0.44")
         with pytest.raises(SlurmRestVersionError, match="no job requeue"):
             pinned.requeue([job])
@@ -327,3 +345,24 @@ def test_a_user_who_may_not_drain_names_the_user_setting(slurm: ForkySlurm) -> N
         c.drain([NODES[1]], "autoheal: not allowed")
     assert err.value.setting == SETTING_USER
     assert not slurm.client().node(NODES[1]).drained
+
+
+def test_cordon_sync_drains_and_resumes_through_slurmrestd(slurm: ForkySlurm, tmp_path: Path) -> None:
+    """Cordon sync's reconcile, unchanged, on the existing backend: a cordon drains the Slurm node
+    with autoheal's reason, the cordon lifted resumes it, and each is journalled."""
+    journal = SyncJournal(tmp_path / "sync.jsonl")
+    # reconcile reads Slurm only; the Kubernetes side is handed in (no API server is read here)
+    sync = CordonSync(
+        nodes=KubeNodes(tmp_path / "no-kubeconfig"), slurm=RestSlurm(slurm.client()), journal=journal
+    )
+    c = slurm.client()
+    done = sync.reconcile([KubeNode(NODES[0]), KubeNode(NODES[1], unschedulable=True)], time.time())
+    assert [(a.node, a.verb) for a in done] == [(NODES[1], "drain")]
+    assert c.node(NODES[1]).reason == SYNC_REASON and c.node(NODES[1]).drained
+    done = sync.reconcile([KubeNode(NODES[1])], time.time())
+    assert [(a.node, a.verb) for a in done] == [(NODES[1], "resume")]
+    assert not c.node(NODES[1]).drained
+    assert [json.loads(line)["action"] for line in journal.path.read_text().splitlines()] == [
+        "drain",
+        "resume",
+    ]

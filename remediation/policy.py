@@ -8,6 +8,8 @@ The order of checks is the order of harm avoided:
                      the recovery ladder (restart_app -> reset -> reboot -> replace; a degraded
                      node's drain -> quarantine, by the fault catalogue's threshold), and an
                      application XID (13, 31) repeating on one GPU is reset and validated;
+  failure domain  -> link faults on many nodes of one domain (a leaf switch) at once are one
+                     incident for the domain: notified, no node drained (remediation/domains.py);
   opt-out         -> a node label or a labelled pod on the node: fence + notify only;
   circuit breaker -> once open (latched), nothing new runs until a human resets it;
   budgets         -> at most N nodes, and at most P% of the node's pool (never below 1), in
@@ -26,11 +28,12 @@ from typing import Any, Literal
 from autoheal.faults import FaultCatalog, load_fault_catalog
 from autoheal.xid import Tier, XidCatalog
 from remediation.config import RunnerConfig
+from remediation.domains import DomainCall, Domains
 from remediation.journal import IncidentRecord, Journal
 from remediation.kubeview import KubeView, label_is_set
 from remediation.states import IN_REMEDIATION
 
-Action = Literal["admit", "quarantine", "hold", "notify", "wait"]
+Action = Literal["admit", "quarantine", "hold", "notify", "wait", "join"]
 BREAKER_KEY = "breaker"
 BACKEND_VAR = "autoheal_backend"  # the runbook input naming the pool backend (autoheal.backends)
 PAUSE_KEY = "paused"
@@ -47,6 +50,7 @@ class Decision:
     # the node's pool's backend (RunnerConfig.pool_backends), when its rule names none: it becomes
     # the incident's autoheal_backend, so a batch never mixes pools of different backends
     backend: str | None = None
+    joins: str = ""  # "join": the failure domain's incident this one joins (remediation/domains.py)
 
 
 @dataclass(frozen=True)
@@ -95,14 +99,29 @@ class Policy:
         self.kube = kube
         self.catalog = catalog
         self.faults = faults or load_fault_catalog()
+        self.domains = Domains(config.failure_domains, journal, kube)
 
     def decide(self, pending: list[IncidentRecord], now: float) -> tuple[list[Decision], str | None]:
         """Decisions for `pending` (oldest first) and, if this round trips the breaker, why."""
         if not pending:
             return [], None
         rnd = self._read_round(pending)
-        out = [self._decide_one(inc, now, rnd) for inc in sorted(pending, key=lambda i: (i.opened_at, i.id))]
+        calls = self.domains.judge(pending, now)
+        ordered = sorted(pending, key=lambda i: (i.opened_at, i.id))
+        out = [
+            self._domain(inc, c) if (c := calls.get(inc.id)) else self._decide_one(inc, now, rnd)
+            for inc in ordered
+        ]
         return out, rnd.tripped
+
+    def _domain(self, inc: IncidentRecord, call: DomainCall) -> Decision:
+        """A link fault shared by its failure domain: wait for its peers, or one incident for the
+        domain (the lead is notified, the rest join it); no node of the domain is drained."""
+        dry = self.config.dry_run or inc.rule_dry_run
+        if call.call == "wait":
+            return Decision(inc.id, "wait", inc.tier, False, dry, call.reason)
+        action: Action = "notify" if call.call == "lead" else "join"
+        return Decision(inc.id, action, Tier.NOTIFY.value, False, dry, call.reason, joins=call.lead)
 
     def _read_round(self, pending: list[IncidentRecord]) -> _Round:
         cfg = self.config

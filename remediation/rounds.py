@@ -14,6 +14,7 @@ from remediation.batches import Batches
 from remediation.closing import Closings
 from remediation.config import RunnerConfig
 from remediation.crashpoints import crash_point
+from remediation.domains import JOINED
 from remediation.errors import RemediationError
 from remediation.inflight import InFlight
 from remediation.journal import IncidentRecord, Journal
@@ -134,8 +135,15 @@ class Round:
                 if d.action == "wait":
                     continue
                 if d.action == "notify":
-                    tx.transition(d.incident_id, IncidentState.NOTIFIED, d.reason, dry_run=d.dry_run)
+                    tx.transition(
+                        d.incident_id, IncidentState.NOTIFIED, d.reason, dry_run=d.dry_run, tier=d.tier
+                    )
                     tx.timeline(d.incident_id, "notified", "ok", source="runner", detail=d.reason)
+                elif d.action == "join":  # one incident per failure domain: no page of its own
+                    tx.transition(
+                        d.incident_id, IncidentState.NOTIFIED, d.reason, dry_run=d.dry_run, tier=d.tier
+                    )
+                    tx.timeline(d.incident_id, JOINED, "ok", source="runner", detail=d.joins)
                 else:  # held by a budget, or admitted to run: the same record, another state
                     state = IncidentState.HELD if d.action == "hold" else IncidentState.ADMITTED
                     fields: dict[str, object] = {"tier": d.tier, "opt_out": d.opt_out, "dry_run": d.dry_run}
@@ -149,6 +157,8 @@ class Round:
             inc = incidents[d.incident_id]
             if d.action == "notify":
                 self.closings.closed(inc, IncidentState.NOTIFIED, d.reason, tier=d.tier)
+            elif d.action == "join":
+                self.metrics.incidents.labels(tier=d.tier, outcome=IncidentState.NOTIFIED).inc()
             elif d.action == "quarantine":
                 self.notifier.send(
                     "incident.quarantined", incident=inc.id, node=inc.node, tier=d.tier, reason=d.reason

@@ -25,6 +25,8 @@ API (JSON):  GET /healthz   GET /metrics   GET /v1/nodes   PUT /v1/nodes {"nodes
              POST /v1/link {"node", "flaps"?: n, "errors"?: m}  (the node's InfiniBand port lost its
                            link n times, saw m symbol errors: its sysfs link_downed and symbol_error
                            counters grow, as the watcher's link check reads)
+             POST /v1/switch {"nodes", "flaps"?: n}  (the leaf switch of these nodes flapped: each
+                           node's port lost its link n times at once)
              POST /v1/pcie {"node", "gpu", "width"}  (the GPU's PCIe link retrained at that width)
              POST /v1/gpu_state {"node", "gpu", "throttle_reasons"?: mask, "row_remap_pending"?: bool}
                            (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS, DCGM_FI_DEV_ROW_REMAP_PENDING: what
@@ -128,6 +130,12 @@ class Fleet(Collector):
         """The node's InfiniBand port lost its link `flaps` times (sysfs link_downed grows)."""
         if self.logs is not None and flaps:
             self.logs.sysfs(node).flap("mlx5_0", 1, flaps)
+
+    def flap_switch(self, nodes: list[str], flaps: int) -> list[str]:
+        """A leaf switch flapped: every node under it lost its link `flaps` times, at once."""
+        for node in nodes:
+            self.flap_link(node, flaps)
+        return nodes
 
     def link_errors(self, node: str, errors: int) -> None:
         """The node's InfiniBand port saw `errors` more symbol errors (sysfs symbol_error grows)."""
@@ -357,6 +365,9 @@ def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestH
         def do_POST(self) -> None:
             try:
                 body = self._body()
+                if self.path == "/v1/switch":
+                    self._reply(200, {"flapped": fleet.flap_switch(*_switch(body, fleet.nodes))})
+                    return
                 node = body.get("node")
                 if not is_node_name(node) or node not in fleet.nodes:
                     raise ValueError(f"node: {node!r} is not a node of this fleet")
@@ -434,6 +445,16 @@ def _handler(fleet: Fleet, registry: CollectorRegistry) -> type[BaseHTTPRequestH
                 self._reply(409, {"error": str(exc)})
 
     return Handler
+
+
+def _switch(body: dict[str, Any], known: dict[str, str]) -> tuple[list[str], int]:
+    """POST /v1/switch's body: the nodes under the switch and how often it flapped."""
+    nodes, flaps = body.get("nodes"), body.get("flaps", 1)
+    if not (isinstance(nodes, list) and nodes and all(is_node_name(n) and n in known for n in nodes)):
+        raise ValueError(f"nodes: a list of nodes of this fleet is required, got {nodes!r}")
+    if not (isinstance(flaps, int) and 0 < flaps <= 100_000):
+        raise ValueError("flaps: an integer 1..100000")
+    return [str(n) for n in nodes], flaps
 
 
 def _faults(body: dict[str, Any]) -> tuple[int | None, str | None, str | None]:

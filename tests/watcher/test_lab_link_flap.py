@@ -325,3 +325,40 @@ def test_climbing_symbol_errors_drain_the_node_a_few_do_not(lab: LabConfig, tmp_
         )
     finally:
         stop.touch()
+
+
+def test_a_whole_leaf_switch_flapping_is_one_incident_not_a_drain_of_the_rack(lab: LabConfig) -> None:
+    """Last in the module: the runner restarts knowing the lab's topology (gpu-1, gpu-5 and the
+    spare gpu-7 under leaf-1: a static map, as a cluster without topology labels has). The
+    simulator flaps leaf-1: every node's watcher alerts, and the runner opens one incident for
+    the switch - one page - and drains none of them (tests/remediation/test_rem_domains.py: the
+    rest of the table)."""
+    from lab import procs, runner
+
+    leaf = ["gpu-1", "gpu-5", "gpu-7"]
+    procs.stop(lab.run_dir, lab.runner_services[0])
+    runner.start(
+        lab,
+        {"failure_domains": {"label": "", "nodes": dict.fromkeys(leaf, "leaf-1"), "hold_seconds": 3}},
+    )
+    before = {n: (node(lab, n)["state_flags"], node(lab, n)["reason"]) for n in leaf}
+    t0 = time.monotonic()
+    threshold = load_fault_catalog().require(FaultClass.LINK_FLAP).threshold
+    sim(lab, "/v1/switch", {"nodes": leaf, "flaps": threshold})
+
+    def domain_incident() -> list[Any]:
+        return [i for i in incidents(lab) if i.node in leaf and i.fault_class == "degraded"]
+
+    wait_for(
+        lambda: len(domain_incident()) == 3 and all(i.state.value == "notified" for i in domain_incident()),
+        60,
+        "one incident for leaf-1",
+    )
+    took = time.monotonic() - t0
+    incs = domain_incident()
+    [lead] = [i for i in incs if i.reason.startswith("failure domain leaf-1:")]
+    assert "3 nodes with link_flap/nic_errors" in lead.reason and "no node drained" in lead.reason
+    assert all(i.tier == "notify" for i in incs)
+    time.sleep(2.0)
+    assert {n: (node(lab, n)["state_flags"], node(lab, n)["reason"]) for n in leaf} == before  # none drained
+    print(f"\nleaf switch of 3 nodes flapping -> one incident for the switch, no drain: {took:.2f}s")

@@ -86,6 +86,59 @@ def test_counters_that_reset_or_wrap_raise_no_false_alert(sysfs: FakeSysfs) -> N
     assert sum(a for _, a in mon._flaps["mlx5_0/1"].items) == 1
 
 
+def test_a_16_bit_counter_that_wraps_mid_window_neither_alerts_nor_loses_the_flaps_before(
+    sysfs: FakeSysfs,
+) -> None:
+    """symbol_error is 16 bits (the IB spec's PortCounters): 65535 -> 4 is a wrap, not 65531
+    errors lost or gained; flaps seen before the wrap still count toward the window."""
+    sysfs.add_ib_port(link_downed=253, symbol_error=65530)
+    mon = _mon(sysfs)
+    sysfs.set_counter("mlx5_0", 1, "link_downed", 254)  # one flap (8-bit counter)
+    assert mon.poll(1001.0) == []
+    sysfs.set_counter("mlx5_0", 1, "link_downed", 1)  # wrapped past 255: no flap counted, none lost
+    sysfs.set_counter("mlx5_0", 1, "symbol_error", 4)
+    assert mon.poll(1002.0) == []
+    sysfs.set_counter("mlx5_0", 1, "link_downed", 1 + FLAP.threshold - 1)
+    assert _faults(mon.poll(1003.0)) == {(FaultClass.LINK_FLAP, "mlx5_0/1")}  # 1 + (threshold - 1)
+
+
+def test_carrier_counters_that_reset_raise_no_false_alert(sysfs: FakeSysfs) -> None:
+    """A driver reload or a NIC reset zeroes an interface's carrier counters."""
+    sysfs.add_net("eth0", carrier_changes=40)
+    mon = _mon(sysfs)
+    sysfs.add_net("eth0", carrier_changes=0)
+    assert mon.poll(1001.0) == []
+    sysfs.add_net("eth0", carrier_changes=2)  # one real flap after the reset
+    assert mon.poll(1002.0) == []
+    assert sum(a for _, a in mon._flaps["net/eth0"].items) == 1
+
+
+def test_a_port_that_vanishes_and_returns_is_learnt_afresh(sysfs: FakeSysfs) -> None:
+    """mlx5 unbound and bound again (a firmware reset): the port's files go and come back with
+    fresh counters; its first poll back learns them, as at start."""
+    import shutil
+
+    sysfs.add_ib_port(link_downed=90, symbol_error=5000)
+    mon = _mon(sysfs)
+    shutil.rmtree(sysfs.root / "class" / "infiniband")
+    assert mon.poll(1001.0) == []
+    sysfs.add_ib_port(link_downed=95, symbol_error=5000 + 10 * ERRS.threshold)  # more than before
+    assert mon.poll(1002.0) == []  # learnt, not compared with the port before it vanished
+    sysfs.flap(times=FLAP.threshold)
+    assert _faults(mon.poll(1003.0)) == {(FaultClass.LINK_FLAP, "mlx5_0/1")}
+
+
+def test_a_counter_file_that_goes_missing_or_turns_to_garbage_counts_nothing(sysfs: FakeSysfs) -> None:
+    port = sysfs.add_ib_port(link_downed=3)
+    mon = _mon(sysfs)
+    (port / "counters" / "link_downed").unlink()
+    assert mon.poll(1001.0) == []
+    (port / "counters" / "link_downed").write_text("N/A\n")
+    assert mon.poll(1002.0) == []
+    sysfs.set_counter("mlx5_0", 1, "link_downed", 3 + FLAP.threshold)  # readable again: a new base
+    assert mon.poll(1003.0) == []
+
+
 def test_climbing_error_counters_alert_nic_errors(sysfs: FakeSysfs) -> None:
     sysfs.add_ib_port(symbol_error=7)
     mon = _mon(sysfs)
@@ -101,6 +154,33 @@ def test_a_node_without_infiniband_or_without_sysfs_is_fine(tmp_path: Path, sysf
     sysfs.add_net("eth0")
     mon = _mon(sysfs)
     assert mon.poll(1001.0) == []
+
+
+def test_the_watcher_of_a_node_with_no_infiniband_at_all_offers_nothing_and_logs_no_error(
+    tmp_path: Path, sysfs: FakeSysfs, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An Ethernet-only node (no class/infiniband, no NVIDIA or network PCIe device): the link
+    check runs, finds nothing to judge and is quiet - no alert, no error, on every poll."""
+    sysfs.add_net("eth0", carrier_changes=6)
+    sysfs.add_net("lo", physical=False)
+    cfg = WatcherConfig.model_validate(
+        {
+            "node": "cpu-1",
+            "source": "file",
+            "path": tmp_path / "kern.log",
+            "alertmanagers": ["http://127.0.0.1:9"],
+            "state_file": tmp_path / "state.json",
+            "gpu_map": "none",
+            "sysfs_root": sysfs.root,
+        }
+    )
+    w = Watcher(cfg)
+    try:
+        assert [w.poll_links(1000.0 + i) for i in range(5)] == [0] * 5
+        assert len(w.outbox) == 0
+        assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
+    finally:
+        w.client.close()
 
 
 def test_physical_interfaces_flap_on_their_carrier_virtual_ones_are_ignored(sysfs: FakeSysfs) -> None:

@@ -4,7 +4,8 @@
 - sender: outbox -> Alertmanager, rate-limited (a token bucket of `rate_per_second`, `burst`),
   batches of up to `max_batch`, exponential backoff while Alertmanager is down.
 - links: (with a sysfs root) every `link_poll_seconds` reads the node's ports and PCIe links
-  (watcher/links.py) and offers a NodeDegraded alert for each degraded fault that holds.
+  (watcher/links.py) and offers a NodeDegraded alert for each degraded fault that holds; the
+  reader hands it the kernel log's link lines (watcher/link_lines.py) as flaps.
 - keeper: every 0.2 s saves the cursor and outbox when they changed; refreshes the GPU map;
   forgets delivered alerts past their endsAt; mirrors the counts into the metrics.
 
@@ -28,6 +29,7 @@ from watcher.alertmanager import AlertmanagerClient, PostError
 from watcher.alerts import alert_for
 from watcher.config import WatcherConfig
 from watcher.gpus import GpuMap
+from watcher.link_lines import parse_link_line
 from watcher.links import LinkMonitor, degraded_alert
 from watcher.metrics import WatcherMetrics, serve
 from watcher.outbox import Outbox
@@ -98,6 +100,10 @@ class Watcher:
     def handle(self, line: Line) -> None:
         """One kernel message: learn GPU UUIDs, offer alerts, count what was seen."""
         at = line.wall_time or time.time()
+        if self.links is not None and (link := parse_link_line(line.message)) is not None:
+            self.links.kernel_event(link, at, time.time())  # a flap, counted by the link check
+            self.metrics.events.labels(kind="link", code=link.what).inc()
+            return
         for event in parse_message(line.message):
             if isinstance(event, GpuAnnounce):
                 self.gpus.learn_uuid(event.bus_id, event.uuid)

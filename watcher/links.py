@@ -13,7 +13,10 @@ lab give a fake tree):
 The thresholds come from the fault catalogue (autoheal/data/fault_catalog.yaml):
 
 - link_flap: flaps of one port within the window, a flap being a poll that saw the port leave
-  ACTIVE, link_downed grow, or the carrier go down (whichever says more, never their sum);
+  ACTIVE, link_downed grow, or the carrier go down (whichever says more, never their sum), or a
+  link line of the kernel log naming the port (watcher/link_lines.py: mlx5 "Link down", a cable
+  unplugged or in error, a transmit timeout), matched against the counters so that one flap
+  seen by both is counted once;
 - nic_errors: growth of the error counters of one port within the window;
 - pcie_downtrained: width or speed below the maximum on every poll for sustain_seconds.
 
@@ -24,7 +27,9 @@ skipped (a node with no InfiniBand has no class/infiniband at all).
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,11 +39,14 @@ from autoheal.faults import DEGRADED_ALERT, FAULT_LABEL, FaultCatalog, FaultClas
 from autoheal.monitoring import SOURCE_LABEL, SOURCE_WATCHER
 from autoheal.xid import Tier
 from watcher.alerts import WatchAlert
+from watcher.link_lines import LinkEvent
 
 ERROR_COUNTERS = ("symbol_error", "port_rcv_errors", "link_error_recovery")
 NVIDIA_VENDOR = "0x10de"
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # a sysfs entry we will put in a label
 _SPEED = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*GT/s")
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+CREDIT_SECONDS = 10.0  # how long one source's flap waits to be matched by the other's (_merged)
 
 
 def _read(path: Path) -> str | None:
@@ -63,6 +71,15 @@ def _entries(d: Path) -> list[Path]:
         return sorted(p for p in d.iterdir() if _NAME.fullmatch(p.name))
     except OSError:
         return []
+
+
+def _bus_of(link: Path) -> str | None:
+    """The PCI bus id a sysfs `device` link points at (../../../0000:3b:00.0), or None."""
+    try:
+        name = os.path.basename(os.path.realpath(link))
+    except OSError:
+        return None
+    return name.lower() if _BDF.match(name.lower()) else None
 
 
 def parse_speed(raw: str | None) -> float | None:
@@ -185,6 +202,10 @@ class LinkMonitor:
         self._errs: dict[str, _Window] = {}
         self._down_since: dict[str, float] = {}
         self.polls = 0
+        self._lock = threading.Lock()  # the reader thread adds kernel events, the link thread polls
+        self._kernel: dict[str, int] = {}  # kernel link events per port since the last poll
+        self._kernel_credit: dict[str, tuple[int, float]] = {}  # (flaps, since): see _merged
+        self._sysfs_credit: dict[str, tuple[int, float]] = {}
 
     def poll(self, now: float) -> list[Finding]:
         self.polls += 1
@@ -192,30 +213,80 @@ class LinkMonitor:
         found += self._pcie(read_pcie(self.root), now)
         return found
 
+    def kernel_event(self, event: LinkEvent, at: float, now: float) -> None:
+        """A link line of the kernel log (watcher/link_lines.py), read by the reader thread: one flap
+        of the port it names, counted at the next poll. A line older than the flap window (a
+        replay of the log at start) is history and counts nothing."""
+        if self.flap is None or at < now - self.flap.window_seconds:
+            return
+        key = self._port_of(event)
+        with self._lock:
+            self._kernel[key] = self._kernel.get(key, 0) + 1
+
+    def _port_of(self, event: LinkEvent) -> str:
+        """The port key of a kernel event: its interface (net/<iface>) or the interface or
+        InfiniBand port at its PCI bus id, as read_ports() names them; else kmsg/<device>."""
+        net = self.root / "class" / "net"
+        if event.iface and (net / event.iface / "device").exists():
+            return f"net/{event.iface}"
+        if event.bus:
+            for iface in _entries(net):
+                if _bus_of(iface / "device") == event.bus:
+                    return f"net/{iface.name}"
+            for dev in _entries(self.root / "class" / "infiniband"):
+                ports = _entries(dev / "ports")
+                if ports and _bus_of(dev / "device") == event.bus:
+                    return f"{dev.name}/{ports[0].name}"
+        return f"kmsg/{event.device}"
+
+    def _merged(self, key: str, from_sysfs: int, from_kernel: int, now: float) -> int:
+        """New flaps of a port seen by both sources: the same flap shows in a counter and in a
+        log line, maybe one poll apart, so each source's flaps not yet seen by the other are held
+        as a credit (for CREDIT_SECONDS) that the other's later report uses up: never their sum."""
+        kc, k_at = self._kernel_credit.get(key, (0, now))
+        sc, s_at = self._sysfs_credit.get(key, (0, now))
+        kc = kc if now - k_at <= CREDIT_SECONDS else 0
+        sc = sc if now - s_at <= CREDIT_SECONDS else 0
+        s_new, kc = max(0, from_sysfs - kc), max(0, kc - from_sysfs)
+        k_new, sc = max(0, from_kernel - sc), max(0, sc - from_kernel)
+        both = min(s_new, k_new)
+        self._kernel_credit[key] = (kc + k_new - both, now if k_new > both else k_at)
+        self._sysfs_credit[key] = (sc + s_new - both, now if s_new > both else s_at)
+        return max(s_new, k_new)
+
     def _links(self, ports: dict[str, PortSample], now: float) -> Iterator[Finding]:
+        with self._lock:
+            kernel, self._kernel = self._kernel, {}
         for key, cur in ports.items():
             prev = self._ports.get(key)
             self._ports[key] = cur
-            if prev is None:
-                continue  # first sight: learn the counters, alert on nothing past
-            left = 1 if prev.active is True and cur.active is False else 0
-            carrier = _growth(prev.carrier_downs, cur.carrier_downs)
-            flaps = max(left, _growth(prev.link_downed, cur.link_downed), carrier)
-            if self.flap is not None:
-                w = self._flaps.setdefault(key, _Window(self.flap.window_seconds))
-                n = w.add(now, flaps)
-                if n >= self.flap.threshold:
-                    detail = f"{n} flap(s) of {key} in {self.flap.window_seconds}s"
-                    yield Finding(FaultClass.LINK_FLAP, key, detail, self.flap)
-            if self.errors is not None:
+            # first sight: learn the counters, alert on nothing past (a kernel line is not past)
+            from_sysfs = 0
+            if prev is not None:
+                left = 1 if prev.active is True and cur.active is False else 0
+                carrier = _growth(prev.carrier_downs, cur.carrier_downs)
+                from_sysfs = max(left, _growth(prev.link_downed, cur.link_downed), carrier)
+            yield from self._count_flaps(key, self._merged(key, from_sysfs, kernel.pop(key, 0), now), now)
+            if self.errors is not None and prev is not None:
                 grew = sum(_growth(prev.errors.get(c), v) for c, v in cur.errors.items())
                 w = self._errs.setdefault(key, _Window(self.errors.window_seconds))
                 n = w.add(now, grew)
                 if n >= self.errors.threshold:
                     detail = f"{n} error(s) on {key} in {self.errors.window_seconds}s"
                     yield Finding(FaultClass.NIC_ERRORS, key, detail, self.errors)
+        for key in sorted(set(kernel) | {k for k in self._flaps if k.startswith("kmsg/")}):
+            yield from self._count_flaps(key, kernel.get(key, 0), now)  # ports sysfs does not show
         for gone in set(self._ports) - set(ports):
             del self._ports[gone]  # a port that comes back is learnt afresh
+
+    def _count_flaps(self, key: str, flaps: int, now: float) -> Iterator[Finding]:
+        if self.flap is None:
+            return
+        w = self._flaps.setdefault(key, _Window(self.flap.window_seconds))
+        n = w.add(now, flaps)
+        if n >= self.flap.threshold:
+            detail = f"{n} flap(s) of {key} in {self.flap.window_seconds}s"
+            yield Finding(FaultClass.LINK_FLAP, key, detail, self.flap)
 
     def _pcie(self, devices: dict[str, PcieSample], now: float) -> list[Finding]:
         out: list[Finding] = []

@@ -327,6 +327,28 @@ def test_climbing_symbol_errors_drain_the_node_a_few_do_not(lab: LabConfig, tmp_
         stop.touch()
 
 
+def test_mlx5_link_lines_in_the_kernel_log_are_link_flaps(lab: LabConfig) -> None:
+    """The kernel log's own words (watcher/link_lines.py): mlx5e's "Link down" for the node's IPoIB
+    interface, as many times as the threshold, drain the node like the counters do; then, idle,
+    it is validated and returned. gpu-2's earlier flaps were counted on mlx5_0/1 (sysfs): these
+    are a port of their own (kmsg/ib0), a new fault after its return."""
+    threshold = load_fault_catalog().require(FaultClass.LINK_FLAP).threshold
+    wait_for(lambda: returned(lab, NODE), 60, f"{NODE} back from the first test")
+    line = "mlx5_core 0000:3b:00.0 ib0: Link down"
+    sim(lab, "/v1/kmsg", {"node": NODE, "message": line})
+    time.sleep(3.0)
+    assert "DRAIN" not in node(lab, NODE)["state_flags"]  # one line: below the threshold
+    t0 = time.monotonic()
+    for _ in range(threshold - 1):
+        sim(lab, "/v1/kmsg", {"node": NODE, "message": line})
+    wait_for(lambda: "DRAIN" in node(lab, NODE)["state_flags"], 60, f"{NODE} DRAINED")
+    took = time.monotonic() - t0
+    alerts = [a for a in degraded_alerts(lab) if a["labels"]["Hostname"] == NODE]
+    assert "kmsg/ib0" in {a["labels"]["device"] for a in alerts}
+    wait_for(lambda: returned(lab, NODE), 60, f"{NODE} validated and returned")
+    print(f"\nmlx5 'Link down' x{threshold} in the kernel log -> DRAINED: {took:.2f}s, then returned")
+
+
 def test_a_whole_leaf_switch_flapping_is_one_incident_not_a_drain_of_the_rack(lab: LabConfig) -> None:
     """Last in the module: the runner restarts knowing the lab's topology (gpu-1, gpu-5 and the
     spare gpu-7 under leaf-1: a static map, as a cluster without topology labels has). The

@@ -285,10 +285,25 @@ def lab_demo(
             " and gives it back (lab/burst.py: a pods lab of 2 real nodes, its own timers)."
         ),
     ] = "xid",
+    fault: Annotated[
+        Literal["xid", "link-flap"],
+        typer.Option(
+            help="link-flap: a flapping link drains a node, the job runs on (lab/degraded_demo.py)."
+        ),
+    ] = "xid",
 ) -> None:
     """A GPU dies during training and the job resumes by itself: the whole story, measured."""
     from lab.config import PoolConfig
     from lab.demo import run_demo
+
+    if fault == "link-flap":
+        from lab import degraded_demo
+
+        cfg = degraded_demo.lab_config(name, port_base, root)
+        report = degraded_demo.run(cfg, keep, console, out, report_dir, timeout)
+        if json_:
+            print(json.dumps(report))
+        return
 
     if scenario == "burst":
         from lab import burst

@@ -212,3 +212,26 @@ def test_a_node_unknown_everywhere_is_gone_not_a_failure(dlab: Lab, tmp_path: Pa
     assert res.rc == 0, res.output[-4000:]
     phases = [(e["phase"], e["status"]) for e in lab.journal_lines() if e["incident"] == "inc-0e0e0e0e0e0e"]
     assert phases == [("gone", "skipped")]
+
+
+def test_the_link_flap_demo_tells_the_whole_story_on_this_lab(dlab: Lab, tmp_path: Path) -> None:
+    """`autoheal lab demo --fault link-flap` (lab/degraded_demo.py) on this lab's runner, a short
+    job: every phase seen, in order - the drain while the job ran and stepped, its end, the
+    validation, the return - and the report written."""
+    from rich.console import Console
+
+    from lab import degraded_demo
+    from lab import lab as labmod
+
+    cfg = labmod.require(LAB_NAME, dlab.root)
+    report = degraded_demo.story(cfg, tmp_path / "demo", Console(quiet=True), timeout=120, steps=150)
+    phases = {p["phase"]: p for p in report["phases"]}
+    assert set(phases) == {k for k, _ in degraded_demo.PHASES}, sorted(phases)
+    order = ["injected", "draining", "job_end", "validation_queued", "validated", "returned"]
+    assert [phases[k]["t"] for k in order] == sorted(phases[k]["t"] for k in order)
+    assert phases["stepping"]["step"] > phases["draining"]["step"]  # trained on while DRAINING
+    assert phases["job_end"]["step"] == 150
+    assert (tmp_path / "demo" / "report.json").exists()
+    print(
+        f"\nlink-flap demo: DRAINING +{phases['draining']['t']:.1f}s, returned +{phases['returned']['t']:.1f}s"
+    )

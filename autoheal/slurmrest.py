@@ -323,6 +323,29 @@ def parse_release(text: str) -> tuple[int, int, int]:
     return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 
 
+@dataclass(frozen=True)
+class Served:
+    release: str
+    version: tuple[int, int, int]
+    api_versions: tuple[str, ...]  # the data parsers slurmrestd serves
+
+
+def parse_openapi(doc: Mapping[str, Any]) -> Served:
+    """What slurmrestd's /openapi/v3 says of itself. 25.x and 26.05 say it in `info.x-slurm`
+    (release, data_parsers); 24.11 has no x-slurm (measured: trixie's 24.11.5): there the release
+    is in `info.version` ("Slurm-24.11.5&openapi/slurmctld") and the versions in the paths."""
+    info = doc.get("info") or {}
+    xs = info.get("x-slurm") or {}
+    release = str(xs.get("release") or "")
+    if not release:
+        m = re.match(r"^Slurm-(\d+\.\d+(?:\.\d+)?)", str(info.get("version") or ""))
+        release = m.group(1) if m else ""
+    parsers = {str(p.get("plugin")) for p in xs.get("data_parsers") or [] if isinstance(p, dict)}
+    if not parsers:
+        parsers = {m.group(1) for p in doc.get("paths") or {} if (m := re.match(r"^/slurm/(v[\d.]+)/", p))}
+    return Served(release, parse_release(release), tuple(sorted(parsers, key=_api_tuple, reverse=True)))
+
+
 def _errors(data: Any) -> list[Mapping[str, Any]]:
     errs = data.get("errors") if isinstance(data, dict) else None
     return [e for e in errs or [] if isinstance(e, dict)]
@@ -339,13 +362,6 @@ def _describe(errs: Iterable[Mapping[str, Any]]) -> str:
 
 
 # --- the client -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Served:
-    release: str
-    version: tuple[int, int, int]
-    api_versions: tuple[str, ...]  # the data parsers slurmrestd serves
 
 
 class SlurmRest:
@@ -458,10 +474,7 @@ class SlurmRest:
     # -- discovery ------------------------------------------------------------------------------
     def served(self) -> Served:
         """The Slurm release and the data parsers slurmrestd serves (its OpenAPI document)."""
-        info = (self.request("GET", "/openapi/v3").get("info") or {}).get("x-slurm") or {}
-        release = str(info.get("release") or "")
-        parsers = tuple(str(p.get("plugin")) for p in info.get("data_parsers") or [] if isinstance(p, dict))
-        return Served(release, parse_release(release), tuple(sorted(parsers, reverse=True)))
+        return parse_openapi(self.request("GET", "/openapi/v3"))
 
     def check(self) -> Served:
         """What preflight asks: reachable, a Slurm >= MIN_SLURM serving one of API_VERSIONS, and

@@ -6,6 +6,8 @@ as a tar under the image cache; each run unpacks it into its own folder and runs
 mount namespace of its own (`unshare --mount`: /proc and /dev mounted for the chroot vanish with
 the daemon), chrooted. Two nodes: gpu-nodeset-0 has the slurmd (jobs run on it), gpu-nodeset-1 is
 a record only (nothing answers on its port), named as Slinky's StatefulSet mode names them.
+A second, smaller one from trixie (Slurm 24.11.5: slurmctld and slurmrestd only) is the Slurm
+older than the backend supports, refused by the version check with its release named.
 No mirror, no mmdebstrap or not root: skipped, saying which.
 """
 
@@ -20,6 +22,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,39 +51,41 @@ SUITE = "forky"
 PACKAGES = ("slurmctld", "slurmd", "slurmrestd", "slurm-client", "slurm-wlm-jwt-plugin")
 # the mirror serves a snapshot of testing whose Release is past its Valid-Until
 APT_OPTIONS = ('Acquire::Check-Valid-Until "false"',)
-PORTS = port_base(29450)  # +0 slurmctld, +1 slurmd, +2 slurmrestd, +3 nothing (the record-only node)
+PORTS = port_base(
+    29450
+)  # +0 slurmctld, +1 slurmd, +2 slurmrestd, +3 nothing (the record-only node); +10: 24.11
 NODES = ("gpu-nodeset-0", "gpu-nodeset-1")
 LIB = "/usr/lib/x86_64-linux-gnu/slurm-wlm"
 
 
-def rootfs_tar() -> Path:
-    """The cached forky tar (built on first use); skips the module when it cannot be built."""
+def rootfs_tar(suite: str, packages: tuple[str, ...]) -> Path:
+    """The cached root filesystem's tar (built on first use); skips when it cannot be built."""
     if os.geteuid() != 0:
-        pytest.skip("SLURM 26.05 NOT TESTED: needs root (chroot, mount namespaces)")
+        pytest.skip("SLURM NOT TESTED: needs root (chroot, mount namespaces)")
     if shutil.which("mmdebstrap") is None or shutil.which("unshare") is None:
         pytest.skip(
             "SLURM 26.05 NOT TESTED: mmdebstrap or unshare missing (scripts/bootstrap.sh installs them)"
         )
-    key = hashlib.sha256(repr((SUITE, PACKAGES, APT_OPTIONS)).encode()).hexdigest()[:12]
+    key = hashlib.sha256(repr((suite, packages, APT_OPTIONS)).encode()).hexdigest()[:12]
     cache = cache_root() / "slurmrest"
-    tar = cache / f"{SUITE}-{key}.tar"
+    tar = cache / f"{suite}-{key}.tar"
     if tar.exists():
         return tar
     cache.mkdir(parents=True, exist_ok=True)
     part = tar.with_suffix(".part")
     try:
         debian.mmdebstrap(
-            SUITE,
-            PACKAGES,
+            suite,
+            packages,
             part,
-            cache_root() / "debs" / SUITE,
-            cache / f"{SUITE}-{key}.log",
+            cache_root() / "debs" / suite,
+            cache / f"{suite}-{key}.log",
             apt_options=APT_OPTIONS,
             timeout=600,
         )
     except debian.BuildError as exc:
         part.unlink(missing_ok=True)
-        pytest.skip(f"SLURM 26.05 NOT TESTED: the forky root filesystem could not be built: {exc}")
+        pytest.skip(f"SLURM NOT TESTED: the {suite} root filesystem could not be built: {exc}")
     part.rename(tar)
     return tar
 
@@ -164,12 +169,14 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait(timeout=5)
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkySlurm]:
+@contextmanager
+def running_slurm(
+    suite: str, packages: tuple[str, ...], base: Path, ports: int, slurmd: bool
+) -> Iterator[ForkySlurm]:
+    """slurmctld (+ slurmd on NODES[0]) + slurmrestd from `suite`'s root filesystem, until exit."""
     t0 = time.monotonic()
-    tar = rootfs_tar()
+    tar = rootfs_tar(suite, packages)
     built = time.monotonic() - t0
-    base = tmp_path_factory.mktemp("forky")
     root = base / "root"
     root.mkdir()
     subprocess.run(["tar", "-C", str(root), "-xf", str(tar)], check=True, timeout=120)  # device nodes too
@@ -180,22 +187,30 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkySlurm]:
         (etc / name).write_bytes(os.urandom(32))
         (etc / name).chmod(0o600)
     host = socket.gethostname().split(".")[0]
-    (etc / "slurm.conf").write_text(
-        SLURM_CONF.format(
-            host=host, ctld=PORTS, slurmd=PORTS + 1, nowhere=PORTS + 3, n0=NODES[0], n1=NODES[1]
-        )
+    conf = SLURM_CONF.format(
+        host=host, ctld=ports, slurmd=ports + 1, nowhere=ports + 3, n0=NODES[0], n1=NODES[1]
     )
-    (etc / "cgroup.conf").write_text("CgroupPlugin=disabled\n")  # no cgroup tree in the chroot
+    (etc / "slurm.conf").write_text(conf)
     procs = [_daemon(root, ["/usr/sbin/slurmctld", "-D"], base / "slurmctld.out")]
-    s = ForkySlurm(root, f"http://127.0.0.1:{PORTS + 2}", etc / "jwt_hs256.key", procs)
+    s = ForkySlurm(root, f"http://127.0.0.1:{ports + 2}", etc / "jwt_hs256.key", procs)
     try:
         wait_for(
             lambda: procs[0].poll() is None and "Running as primary controller" in s.log("slurmctld.log"),
             30,
-            "slurmctld",
+            f"{suite} slurmctld",
         )
-        procs.append(_daemon(root, ["/usr/sbin/slurmd", "-D", "-N", NODES[0]], base / "slurmd.out"))
-        restd = ["/usr/sbin/slurmrestd", "-a", "rest_auth/jwt", f"127.0.0.1:{PORTS + 2}"]
+        if slurmd:
+            (etc / "cgroup.conf").write_text("CgroupPlugin=disabled\n")  # no cgroup tree in the chroot
+            procs.append(_daemon(root, ["/usr/sbin/slurmd", "-D", "-N", NODES[0]], base / "slurmd.out"))
+        # -s: only the slurmctld endpoints (24.11 stops at startup on openapi/slurmdbd without slurmdbd)
+        restd = [
+            "/usr/sbin/slurmrestd",
+            "-a",
+            "rest_auth/jwt",
+            "-s",
+            "openapi/slurmctld",
+            f"127.0.0.1:{ports + 2}",
+        ]
         # SLURM_JWT=daemon: slurmrestd passes the clients' tokens through to slurmctld (only
         # slurmrestd: in slurmctld's environment it switches its own auth to jwt, and 26.05 stops)
         procs.append(_daemon(root, restd, base / "slurmrestd.out", user="slurm", env={"SLURM_JWT": "daemon"}))
@@ -203,17 +218,33 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkySlurm]:
 
         def up() -> bool:
             try:
+                if not slurmd:
+                    return bool(c.served().release)
                 return "IDLE" in c.nodes()[NODES[0]].state
             except Exception:
                 return False
 
-        wait_for(up, 60, f"slurmrestd and {NODES[0]} idle; slurmd log:\n{s.log('slurmd.log')}")
+        wait_for(up, 60, f"{suite} slurmrestd up; slurmd log:\n{s.log('slurmd.log')}")
         c.close()
-        print(f"\nforky Slurm up in {time.monotonic() - t0:.1f} s (root filesystem {built:.1f} s of it)")
+        print(f"\n{suite} Slurm up in {time.monotonic() - t0:.1f} s (root filesystem {built:.1f} s of it)")
         yield s
     finally:
         _stop(procs)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkySlurm]:
+    with running_slurm(SUITE, PACKAGES, tmp_path_factory.mktemp("forky"), PORTS, slurmd=True) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def old_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkySlurm]:
+    """Slurm 24.11 (trixie, what autoheal's own images carry): older than the backend supports."""
+    packages = ("slurmctld", "slurmrestd", "slurm-client", "slurm-wlm-jwt-plugin")
+    with running_slurm("trixie", packages, tmp_path_factory.mktemp("trixie"), PORTS + 10, slurmd=False) as s:
+        yield s
 
 
 def test_version_api_and_preflight(slurm: ForkySlurm) -> None:
@@ -366,3 +397,21 @@ def test_cordon_sync_drains_and_resumes_through_slurmrestd(slurm: ForkySlurm, tm
         "drain",
         "resume",
     ]
+
+
+def test_an_older_slurm_is_refused_naming_its_version(old_slurm: ForkySlurm) -> None:
+    """Slurm 24.11 (trixie) behind a real slurmrestd: refused by the version check, the preflight
+    row says which Slurm it found."""
+    c = old_slurm.client()
+    served = c.served()
+    assert served.release.startswith("24.11.")
+    with pytest.raises(
+        SlurmRestVersionError, match=rf"runs Slurm {served.release}; the existing backend needs Slurm 25\.11"
+    ):
+        c.check()
+    rows = check_slurmrest(old_slurm.client())
+    assert [(r.name, r.status) for r in rows] == [
+        ("slurmrestd reachable", "pass"),
+        ("slurm version", "fail"),
+    ], rows
+    assert served.release in rows[1].detail

@@ -34,6 +34,7 @@ from autoheal.slurmrest import (
     expand_hostlist,
     parse_jobs,
     parse_nodes,
+    parse_openapi,
     parse_release,
     sign_hs256,
     token_claims,
@@ -279,3 +280,17 @@ def test_unreachable_is_retried_briefly_then_names_the_url_setting() -> None:
     rows = check_slurmrest(c)
     assert [(r.name, r.status) for r in rows] == [("slurmrestd reachable", "fail")]
     assert SETTING_URL in rows[0].fix
+
+
+def test_what_slurmrestd_says_of_itself_in_both_shapes() -> None:
+    """26.05: info.x-slurm; 24.11 (measured on trixie's 24.11.5): only info.version and the paths."""
+    new = parse_openapi(openapi("26.05.5", ("v0.0.43", "v0.0.42", "v0.0.45", "v0.0.44")))
+    assert (new.release, new.version) == ("26.05.5", (26, 5, 5))
+    assert new.api_versions == ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42")
+    old = parse_openapi(
+        {
+            "info": {"version": "Slurm-24.11.5&openapi/slurmctld"},
+            "paths": {"/slurm/v0.0.40/ping/": {}, "/slurm/v0.0.42/nodes/": {}, "/openapi/v3": {}},
+        }
+    )
+    assert (old.release, old.version, old.api_versions) == ("24.11.5", (24, 11, 5), ("v0.0.42", "v0.0.40"))

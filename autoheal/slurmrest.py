@@ -52,6 +52,9 @@ AUTH_FAILED = 1007  # ESLURM_PROTOCOL_AUTHENTICATION_ERROR: slurmctld refused th
 # ESLURM_ACCESS_DENIED, ESLURM_USER_ID_MISSING ("Invalid user id": 26.05's answer to a node update
 # by a user who is not an operator): the token is good, the user may not do this
 DENIED = (2002, 2010)
+# slurmrestd answered but could not reach slurmctld: "Unable to contact slurm controller (connect
+# failure)", after its own MessageTimeout (10 s by default): hence the client's longer timeout
+CTLD_UNREACHABLE = 1800
 # the runner config's keys, named in errors so the message says what to change
 SETTING_URL = "slurm.rest.url"
 SETTING_USER = "slurm.rest.user"
@@ -374,7 +377,7 @@ class SlurmRest:
         tokens: TokenSource,
         *,
         api_version: str | None = None,
-        timeout: float = 10.0,
+        timeout: float = 30.0,
         retry: Backoff | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
@@ -437,6 +440,12 @@ class SlurmRest:
         if self._refused(resp, data):
             raise SlurmRestAuthError(self._auth_message(method, path, resp, data), self.tokens.setting)
         errs = _errors(data)
+        if any(e.get("error_number") == CTLD_UNREACHABLE for e in errs):
+            raise SlurmRestUnreachable(
+                f"slurmrestd at {self.url} could not reach slurmctld for {method} {path} "
+                f"({_describe(errs)}): is slurmctld up, and reachable from slurmrestd?",
+                SETTING_URL,
+            )
         if any(e.get("error_number") in DENIED for e in errs):
             raise SlurmRestAuthError(
                 f"slurmrestd {method} {path}: Slurm does not allow user {self.user!r} this "

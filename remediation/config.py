@@ -285,7 +285,7 @@ class SlurmRestSettings(BaseModel):
     api_version: Literal["v0.0.45", "v0.0.44"] | None = Field(
         default=None, description="default: newest served"
     )
-    timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+    timeout_seconds: float = Field(default=30.0, gt=0, le=120)
 
     @model_validator(mode="after")
     def _one_token_source(self) -> SlurmRestSettings:

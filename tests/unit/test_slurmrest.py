@@ -294,3 +294,12 @@ def test_what_slurmrestd_says_of_itself_in_both_shapes() -> None:
         }
     )
     assert (old.release, old.version, old.api_versions) == ("24.11.5", (24, 11, 5), ("v0.0.42", "v0.0.40"))
+
+
+def test_slurmctld_down_behind_slurmrestd_is_unreachable() -> None:
+    """slurmrestd answers, but after its MessageTimeout says it could not reach slurmctld (1800)."""
+    err = {"error_number": 1800, "error": "Unable to contact slurm controller (connect failure)"}
+    c = client(lambda r: httpx.Response(500, json={"nodes": [], "errors": [err]}), api_version="v0.0.44")
+    with pytest.raises(SlurmRestUnreachable, match=r"could not reach slurmctld .*\(1800\)") as caught:
+        c.nodes()
+    assert caught.value.setting == SETTING_URL

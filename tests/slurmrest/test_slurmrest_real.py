@@ -35,6 +35,7 @@ from autoheal.slurmrest import (
     SignedToken,
     SlurmRest,
     SlurmRestAuthError,
+    SlurmRestUnreachable,
     SlurmRestVersionError,
     TokenFile,
     sign_hs256,
@@ -171,7 +172,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 @contextmanager
 def running_slurm(
-    suite: str, packages: tuple[str, ...], base: Path, ports: int, slurmd: bool
+    suite: str, packages: tuple[str, ...], base: Path, ports: int, slurmd: bool, extra_conf: str = ""
 ) -> Iterator[ForkySlurm]:
     """slurmctld (+ slurmd on NODES[0]) + slurmrestd from `suite`'s root filesystem, until exit."""
     t0 = time.monotonic()
@@ -190,7 +191,7 @@ def running_slurm(
     conf = SLURM_CONF.format(
         host=host, ctld=ports, slurmd=ports + 1, nowhere=ports + 3, n0=NODES[0], n1=NODES[1]
     )
-    (etc / "slurm.conf").write_text(conf)
+    (etc / "slurm.conf").write_text(conf + extra_conf)
     procs = [_daemon(root, ["/usr/sbin/slurmctld", "-D"], base / "slurmctld.out")]
     s = ForkySlurm(root, f"http://127.0.0.1:{ports + 2}", etc / "jwt_hs256.key", procs)
     try:
@@ -415,3 +416,19 @@ def test_an_older_slurm_is_refused_naming_its_version(old_slurm: ForkySlurm) -> 
         ("slurm version", "fail"),
     ], rows
     assert served.release in rows[1].detail
+
+
+def test_slurmctld_down_behind_slurmrestd_is_unreachable(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A Slurm of its own (this one is broken): slurmctld stops, slurmrestd still answers, and
+    says after its MessageTimeout (10 s by default, 3 s here) that it cannot reach slurmctld."""
+    base = tmp_path_factory.mktemp("broken")
+    with running_slurm(SUITE, PACKAGES, base, PORTS + 20, slurmd=False, extra_conf="MessageTimeout=3\n") as s:
+        c = s.client()
+        assert set(c.nodes()) == set(NODES)
+        _stop(s.procs[:1])  # slurmctld only
+        t0 = time.monotonic()
+        with pytest.raises(SlurmRestUnreachable, match=r"could not reach slurmctld .*\(1800\)") as err:
+            c.nodes()
+        waited = time.monotonic() - t0
+        assert err.value.setting == "slurm.rest.url" and waited < 15, waited
+        print(f"\nslurmctld down: SlurmRestUnreachable after {waited:.1f} s")

@@ -389,9 +389,9 @@ PHASES: list[tuple[str, str]] = [
     ("pending", "inference pods Pending (no free GPU)"),
     ("lending", "node lending (Slurm drain, lender)"),
     ("lent", "node lent (slurmd leaves, lender)"),
+    ("queued", "training job queued for a node"),
     ("pod_running", "inference pod Running on the lent node"),
     ("first_served", "first request served on the lent node"),
-    ("queued", "training job queued for a node"),
     ("burst_over", "load drops (burst over)"),
     ("scaled_down", "Deployment scaled to 0 (autoscaler)"),
     ("returning", "node returning (cordon, evict, lender)"),
@@ -759,12 +759,16 @@ def trial(
     report["training_jobs"] = jobs
     figs = report["figures"]
     out.print(
-        f"burst -> first request served on the lent node: {figs['burst_to_first_served_s']} s;"
-        f" burst over -> node back in Slurm: {figs['burst_over_to_in_slurm_s']} s;"
-        f" queued training job {b.queued_job} running there: {figs['burst_over_to_training_s']} s after"
+        f"burst -> first request served on the lent node: {_s(figs['burst_to_first_served_s'])};"
+        f" burst over -> node back in Slurm: {_s(figs['burst_over_to_in_slurm_s'])}; queued training"
+        f" job {b.queued_job} running there: {_s(figs['burst_over_to_training_s'])} after the burst"
     )
     out.print(f"report: {report['json']}")
     return report
+
+
+def _s(x: float | None) -> str:
+    return "not reached" if x is None else f"{x:.1f} s"
 
 
 def _run_live(

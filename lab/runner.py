@@ -221,8 +221,9 @@ def write_config(
     if cfg.aws_pools:
         conf.update(aws_settings(cfg))
     conf["owners"] = owner_settings(cfg, d)
-    # a degraded node's validation starts within a second of its job's end (production: 15 s)
-    conf["degraded_return"] = {"interval_seconds": 1.0}
+    # a degraded node's validation starts within a second of its job's end (production: 15 s),
+    # without waiting for the drain's alert to resolve (a link flap's: its 600 s window)
+    conf["degraded_return"] = {"interval_seconds": 1.0, "wait_quiet": False}
     if cfg.runner_replicas > 1:
         conf["leader_election"] = {
             "enabled": True,

@@ -181,6 +181,10 @@ class DegradedReturnSettings(BaseModel):
     lookback_seconds: float = Field(
         default=7 * 86400.0, gt=0, description="drains older than this are left to on-call"
     )
+    wait_quiet: bool = Field(
+        default=True,
+        description="validate once the drain's alert resolved (a link quiet for its window); lab: off",
+    )
 
 
 class LendingSettings(BaseModel):

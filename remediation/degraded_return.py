@@ -10,7 +10,10 @@ settled yet, and Slurm's nodes (one `sinfo`, only when there is such an incident
     not drained, or a reason not autoheal's      drop (resumed or taken over by a human)
       degraded drain
     drained by autoheal, jobs still on it        wait (the job finishes or checkpoints first)
-    drained by autoheal, idle                    queue: a `degraded_return.yml` incident
+    drained by autoheal, idle, alert resolved    queue: a `degraded_return.yml` incident
+    idle but its alert still fires (wait_quiet)  wait: a link that flapped returns once it has
+                                                 been quiet for the fault's window (a pending row
+                                                 remap does not wait: only its reset clears it)
     another open incident on the node            wait (that incident's play acts first)
 
 A node drained twice keeps its newest incident; the older ones are dropped ("superseded"). A queued
@@ -69,8 +72,11 @@ class SlurmNodes(Protocol):
     def nodes(self) -> dict[str, SlurmNode]: ...
 
 
-def decide(inc: IncidentRecord, s: SlurmNode | None, open_nodes: frozenset[str] = frozenset()) -> Verdict:
-    """The table in the module docstring, for one drain incident and its node's Slurm record."""
+def decide(
+    inc: IncidentRecord, s: SlurmNode | None, open_nodes: frozenset[str] = frozenset(), firing: bool = False
+) -> Verdict:
+    """The table in the module docstring, for one drain incident and its node's Slurm record
+    (`firing`: its alert has not resolved, and the loop waits for that)."""
 
     def v(verb: Verb, why: str) -> Verdict:
         return Verdict(inc.id, inc.node, verb, why)
@@ -85,6 +91,8 @@ def decide(inc: IncidentRecord, s: SlurmNode | None, open_nodes: frozenset[str] 
         return v("wait", "another incident of the node is open")
     if s.busy:
         return v("wait", "jobs still running on it")
+    if firing:
+        return v("wait", "its alert still fires: the fault must be quiet before the validation")
     return v("queue", "idle: its jobs ended")
 
 
@@ -99,6 +107,13 @@ def fault_of(journal: Journal, incident_id: str) -> str:
             if isinstance(fault, str):
                 return fault
     return ""
+
+
+def still_firing(journal: Journal, incident_id: str) -> bool:
+    """Whether an alert of the incident has not resolved: more alerts seen (`alert_facts`, once
+    per alert) than resolved (`alert_resolved`, Alertmanager's send_resolved)."""
+    phases = [e.phase for e in journal.timeline(incident_id)]
+    return phases.count("alert_facts") > phases.count("alert_resolved")
 
 
 def is_drain(inc: IncidentRecord) -> bool:
@@ -145,6 +160,7 @@ class DegradedReturn(LeaderLoop):
     lookback: float
     leading: Callable[[], bool]
     wake: Callable[[], None] = lambda: None
+    wait_quiet: bool = False  # wait for the drain's alert to resolve (not for a pending remap)
     last_error: str | None = None
     _settled: set[str] = field(default_factory=set)  # drain incidents decided, returns copied
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -171,9 +187,17 @@ class DegradedReturn(LeaderLoop):
             if newest[inc.node] is not inc:
                 out.append(Verdict(inc.id, inc.node, "drop", f"superseded by {newest[inc.node].id}"))
             else:
-                out.append(decide(inc, slurm.get(inc.node), open_nodes))
+                out.append(decide(inc, slurm.get(inc.node), open_nodes, self._firing(inc)))
         self._apply(out, {i.id: i for i in drains})
         return out
+
+    def _firing(self, inc: IncidentRecord) -> bool:
+        """With `wait_quiet`, whether its alert still fires. A link that flapped is returned once it
+        has been quiet for the fault's window, not while it may still flap; a pending row remap is
+        never quiet until the reset the validation starts with, so it does not wait."""
+        if not self.wait_quiet or fault_of(self.journal, inc.id) == "row_remap_pending":
+            return False
+        return still_firing(self.journal, inc.id)
 
     def _decided(self, incident_id: str) -> bool:
         """Whether the drain incident was queued or dropped already (by this or a former leader)."""
@@ -222,4 +246,6 @@ def make_return_loop(
         return None
     conf = cfg.play_vars.get("autoheal_slurm_conf")
     slurm = SlurmCli(Path(str(conf)) if conf else None)
-    return DegradedReturn(journal, slurm, s.interval_seconds, s.lookback_seconds, leading, wake)
+    return DegradedReturn(
+        journal, slurm, s.interval_seconds, s.lookback_seconds, leading, wake, wait_quiet=s.wait_quiet
+    )

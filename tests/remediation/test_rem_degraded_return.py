@@ -81,7 +81,9 @@ def drain_incident(
     return iid
 
 
-def loop(journal: Journal, slurm: FakeSlurm, woken: list[int] | None = None) -> DegradedReturn:
+def loop(
+    journal: Journal, slurm: FakeSlurm, woken: list[int] | None = None, wait_quiet: bool = False
+) -> DegradedReturn:
     return DegradedReturn(
         journal,
         slurm,
@@ -89,6 +91,7 @@ def loop(journal: Journal, slurm: FakeSlurm, woken: list[int] | None = None) -> 
         lookback=3600.0,
         leading=lambda: True,
         wake=(lambda: woken.append(1)) if woken is not None else (lambda: None),
+        wait_quiet=wait_quiet,
     )
 
 
@@ -244,12 +247,56 @@ def test_the_return_is_copied_onto_the_drain_incident(journal: Journal) -> None:
         assert tx.returned_at(drain) == at
 
 
+def test_an_idle_node_whose_link_still_flaps_waits_until_its_alert_resolved(journal: Journal) -> None:
+    """wait_quiet (production's default): a link flap's alert holds for the fault's window after
+    the last flap; the node is validated once it resolved, not while the link may still flap."""
+    drain = drain_incident(journal, "gpu-2", "link_flap")
+    remap = drain_incident(journal, "gpu-3", "row_remap_pending")
+    slurm = FakeSlurm()
+    slurm.set("gpu-2", reason=REASON + drain)
+    slurm.set("gpu-3", reason=REASON + remap)
+    lp = loop(journal, slurm, wait_quiet=True)
+    verdicts = {v.node: v for v in lp.reconcile()}
+    assert verdicts["gpu-2"].verb == "wait" and "alert still fires" in verdicts["gpu-2"].why
+    assert verdicts["gpu-3"].verb == "queue"  # a pending remap clears only at the reset: no wait
+    with journal.transaction() as tx:  # Alertmanager's resolved notification, as the intake records it
+        tx.timeline(drain, "alert_resolved", "ok", source="alertmanager")
+    [v] = lp.reconcile()
+    assert (v.node, v.verb) == ("gpu-2", "queue")
+    assert loop(journal, FakeSlurm()).wait_quiet is False  # the lab's setting: no wait
+
+
 def test_the_loop_is_on_by_default_and_its_settings_are_checked(tmp_path: Path) -> None:
     cfg = make_config(tmp_path)
-    assert cfg.degraded_return.enabled
+    assert cfg.degraded_return.enabled and cfg.degraded_return.wait_quiet
     lp = make_return_loop(cfg, Journal(tmp_path / "j.sqlite"), lambda: True, lambda: None)
-    assert lp is not None and lp.interval == 15.0
+    assert lp is not None and lp.interval == 15.0 and lp.wait_quiet
     off = make_config(tmp_path, degraded_return={"enabled": False})
     assert make_return_loop(off, Journal(tmp_path / "j2.sqlite"), lambda: True, lambda: None) is None
     with pytest.raises(ConfigError, match=r"degraded_return\.interval_seconds"):
         make_config(tmp_path, degraded_return={"interval_seconds": 0})
+
+
+def test_the_intake_records_what_still_firing_reads(journal: Journal) -> None:
+    """The alert's firing and resolved deliveries (Alertmanager's send_resolved), through the real
+    intake: firing until the resolved one came, even after the drain incident closed."""
+    from autoheal.faults import load_fault_catalog
+    from autoheal.xid import load_catalog
+    from remediation.degraded_return import still_firing
+    from remediation.incidents import Intake
+    from remediation.models import WebhookPayload
+    from tests.remediation.remhelp import payload
+    from tests.remediation.test_rem_degraded import RULES, _alert
+
+    intake = Intake(journal, RULES, load_catalog(), 900, load_fault_catalog())
+    alert = _alert("gpu-2", "link_flap")
+    [iid] = intake.record(WebhookPayload.model_validate(payload(alert))).created
+    with journal.transaction() as tx:
+        for state in (S.ADMITTED, S.RUNNING, S.COMPLETED):
+            tx.transition(iid, state, "done")
+    assert still_firing(journal, iid)
+    intake.record(WebhookPayload.model_validate(payload(alert)))  # a re-delivery: still one alert
+    assert still_firing(journal, iid)
+    resolved = {**alert, "status": "resolved", "endsAt": "2026-12-03T20:15:00.000Z"}
+    intake.record(WebhookPayload.model_validate(payload(resolved, status="resolved")))
+    assert not still_firing(journal, iid)

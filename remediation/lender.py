@@ -194,18 +194,24 @@ class KubeLending(KubeNodes):
 # --- Slurm ------------------------------------------------------------------------------------
 
 
+def parse_jobs(out: str) -> tuple[Job, ...]:
+    """`squeue -o %i|%Q|%t|%k` lines: id, priority, compact state (CG: completing), comment last
+    (it may hold the separator)."""
+    jobs = []
+    for line in out.splitlines():
+        parts = line.split("|", 3)
+        if len(parts) == 4 and parts[0].strip():
+            prio = int(parts[1]) if parts[1].strip().isdigit() else 0
+            jobs.append(Job(parts[0].strip(), prio, checkpoint_of(parts[3]), parts[2].strip() == "CG"))
+    return tuple(jobs)
+
+
 class SlurmLending(SlurmCli):
     """SlurmCli plus the jobs on a node and their requeue."""
 
     def jobs_on(self, node: str) -> tuple[Job, ...]:
-        out = self._run("squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING", "-o", "%i|%Q|%k")
-        jobs = []
-        for line in out.splitlines():
-            parts = line.split("|", 2)
-            if len(parts) == 3 and parts[0].strip():
-                prio = int(parts[1]) if parts[1].strip().isdigit() else 0
-                jobs.append(Job(parts[0].strip(), prio, checkpoint_of(parts[2])))
-        return tuple(jobs)
+        out = self._run("squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING", "-o", "%i|%Q|%t|%k")
+        return parse_jobs(out)
 
     def requeue(self, job_ids: Sequence[str]) -> None:
         self._run("scontrol", "requeue", ",".join(job_ids))
@@ -372,7 +378,7 @@ class Lender(LeaderLoop):
         elif m.verb == "drain":
             self.slurm.drain([m.node], LEND_REASON)
         elif m.verb == "requeue":
-            ids = [j.job_id for j in self.slurm.jobs_on(m.node)]
+            ids = [j.job_id for j in self.slurm.jobs_on(m.node) if not j.completing]
             if ids:
                 self.slurm.requeue(ids)
         elif m.verb == "lent":

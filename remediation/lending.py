@@ -114,6 +114,7 @@ class Job:
     job_id: str
     priority: int
     checkpoint: float | None = None  # when it last checkpointed (Unix seconds), if it says
+    completing: bool = False  # ending already (a requeue under way): not requeued again
 
 
 @dataclass(frozen=True)
@@ -220,8 +221,9 @@ def _progress(n: PoolNode, demand: Demand, policy: Policy, now: float) -> Move |
         if demand.gpus == 0:
             return Move(n.name, n.pool, "rollback", n.state, LendState.TRAINING, "no inference pod Pending")
         past = n.moved_at is not None and now - n.moved_at >= policy.grace
-        if past and policy.on_grace == "requeue" and n.jobs:
-            ids = ",".join(j.job_id for j in n.jobs)
+        running = [j for j in n.jobs if not j.completing]  # a requeued job completes a while
+        if past and policy.on_grace == "requeue" and running:
+            ids = ",".join(j.job_id for j in running)
             return Move(n.name, n.pool, "requeue", n.state, n.state, f"grace {policy.grace:.0f}s over: {ids}")
         return None
     if n.state is LendState.RETURNING:

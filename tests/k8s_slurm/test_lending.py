@@ -31,6 +31,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -443,7 +444,6 @@ def test_an_xid_on_a_lent_node_fences_and_retires_it_and_its_inference_pod_runs_
         # what a drain evicts there: the inference pod, and any Slurm pod the scheduler put there
         to_evict = rollout._pods_on(cfg, victim)
         print(f"[lend-xid] pods a drain evicts from {victim}: {to_evict}")
-        t_xid = time.monotonic()
         outcome, run, took = rollout._run_xid_79(rlab, ex, 1, victim, extra)
         assert outcome.status is RunStatus.SUCCESSFUL and outcome.rc == 0, (
             outcome,
@@ -492,7 +492,6 @@ def test_an_xid_on_a_lent_node_fences_and_retires_it_and_its_inference_pod_runs_
         # rescheduled: the Deployment's new pod Pending -> the lender lends the other node -> Running
         moved = wait_for(_running_on(cfg, keep), 180, f"the inference pod Running on {keep}")
         assert moved["metadata"]["name"] != served["metadata"]["name"]
-        print(f"[lend-xid] XID run start -> inference Running on {keep}: {time.monotonic() - t_xid:.1f}s")
         rows = [json.loads(x) for x in journal.path.read_text().splitlines()]
         assert [(r["node"], r["action"]) for r in rows] == [
             (victim, "lend"),
@@ -500,6 +499,15 @@ def test_an_xid_on_a_lent_node_fences_and_retires_it_and_its_inference_pod_runs_
             (keep, "lend"),
             (keep, "lent"),
         ], rows
+        started = max(
+            datetime.fromisoformat(c["state"]["running"]["startedAt"].replace("Z", "+00:00")).timestamp()
+            for c in moved["status"]["containerStatuses"]
+        )
+        print(
+            f"[lend-xid] from the fence: {keep} lend +{rows[2]['ts'] - t_fault:.1f}s, lent"
+            f" +{rows[3]['ts'] - t_fault:.1f}s, the new inference pod Running there +{started - t_fault:.1f}s"
+            f" (the node retired +{by['retired'].ts - t_fault:.1f}s)"
+        )
         assert [n["event"] for n in notes] == ["lending.lend", "lending.lent"] * 2
 
         # retired through the pool backend: the Node and its lend label are gone with it

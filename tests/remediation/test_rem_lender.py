@@ -22,7 +22,7 @@ from components.runner import RUNNER_RBAC_RULES, RemediationRunnerArgs, runner_s
 from remediation.config import LendingSettings, RunnerConfig, load_config
 from remediation.cordon_sync import KubeNode, SlurmNode
 from remediation.errors import RunnerConfigError
-from remediation.lender import InferencePod, parse_node, parse_pods, pod_gpus, pool_nodes
+from remediation.lender import InferencePod, parse_jobs, parse_node, parse_pods, pod_gpus, pool_nodes
 from remediation.lending import Job, LendState
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,6 +94,11 @@ def test_pool_nodes_joins_kubernetes_slurm_and_the_inference_pods() -> None:
     assert got["gpu-2"].state is LendState.LENT and not got["gpu-2"].in_slurm
     assert (got["gpu-2"].inference_gpus, got["gpu-2"].inference_pods) == (4, 1)
     assert not got["gpu-3"].eligible
+
+
+def test_the_jobs_on_a_node_are_read_with_their_state_and_a_comment_that_holds_the_separator() -> None:
+    out = "12|500|R|checkpoint=1700000000\n13|7|CG|a|b checkpoint=5\n\n"
+    assert parse_jobs(out) == (Job("12", 500, 1700000000.0, False), Job("13", 7, 5.0, True))
 
 
 def test_a_node_the_runbook_fenced_is_held_by_its_label_or_its_taint() -> None:

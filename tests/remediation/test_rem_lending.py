@@ -135,6 +135,9 @@ def test_a_lending_node_is_lent_once_its_jobs_end_requeued_past_the_grace_or_rol
     assert plan([waiting], Demand(1, 4), WIDE, NOW).moves == []  # jobs run, within grace
     late = replace(waiting, moved_at=NOW - 25)
     assert verbs(plan([late], Demand(1, 4), WIDE, NOW)) == [("a", "requeue")]
+    # requeued, still completing on the node: not requeued again (the next pass came first)
+    ending = replace(late, jobs=(Job("7", 1, completing=True),))
+    assert plan([ending], Demand(1, 4), WIDE, NOW).moves == []
     assert plan([late], Demand(1, 4), replace(WIDE, on_grace="wait"), NOW).moves == []
     done = replace(late, busy=False, jobs=())
     assert [(m.verb, m.new) for m in plan([done], Demand(1, 4), WIDE, NOW).moves] == [("lent", LENT)]

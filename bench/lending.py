@@ -393,10 +393,13 @@ def print_day(fig: dict[str, Any]) -> None:
 
 def lab_bursts(n: int, port_base: int, name: str, root: Path, timeout: float) -> dict[str, Any]:
     """N bursts on one burst lab (lab/burst.py's steps); each burst's phases and figures."""
-    from lab import burst
+    from lab import burst, procs
     from lab import lab as labmod
+    from lab.config import load_lab
 
     cfg = burst.lab_config(name, port_base, root)
+    existing = load_lab(name, root)
+    reused = existing is not None and procs.running(existing.run_dir) and labmod.status(existing).healthy
     t0 = time.monotonic()
     labmod.up(cfg, lambda m: print(f"  lab: {m}", flush=True))
     up_s = time.monotonic() - t0
@@ -421,7 +424,12 @@ def lab_bursts(n: int, port_base: int, name: str, root: Path, timeout: float) ->
             s.side.run(["scancel", s.training_job])
             s.close()
         labmod.down(cfg)
-    return {"lab_up_s": round(up_s, 1), "trials": trials, "lending_settings": cfg.lending}
+    return {
+        "lab_up_s": round(up_s, 1),
+        "reused_lab": reused,
+        "trials": trials,
+        "lending_settings": cfg.lending,
+    }
 
 
 def line(name: str, xs: list[float], target: str) -> str:
@@ -459,7 +467,8 @@ def main() -> None:
         back = [
             t["burst_over_to_in_slurm_s"] for t in lab["trials"] if t["burst_over_to_in_slurm_s"] is not None
         ]
-        print(f"(a) {a.bursts} bursts on real nodes (lab up {lab['lab_up_s']} s; lender timers {settings})")
+        up = "a running lab reused" if lab["reused_lab"] else f"lab up {lab['lab_up_s']} s"
+        print(f"(a) {a.bursts} bursts on real nodes ({up}; lender timers {settings})")
         print(
             "    "
             + line("burst -> first request served on the lent node", served, f"<= {TARGET_SERVED_S:.0f} s")

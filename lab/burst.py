@@ -218,6 +218,16 @@ class Kube:
         r.raise_for_status()
         return [p for p in r.json()["items"] if not p["metadata"].get("deletionTimestamp")]
 
+    def lender_events(self, node: str, namespace: str = "default") -> list[str]:
+        """The reasons of the lender's Events on `node` (the runner writes them as its
+        ServiceAccount, in its event namespace)."""
+        r = self.http.get(
+            f"/api/v1/namespaces/{namespace}/events", params={"fieldSelector": f"involvedObject.name={node}"}
+        )
+        r.raise_for_status()
+        items = sorted(r.json()["items"], key=lambda e: e.get("firstTimestamp") or "")
+        return [e["reason"] for e in items if (e.get("source") or {}).get("component") == "autoheal-lender"]
+
     def sides(self, pool: str) -> dict[str, str]:
         """node -> its side: the lend label's value, 'training' without one."""
         r = self.http.get("/api/v1/nodes", params={"labelSelector": f"{POOL_LABEL}={pool}"})
@@ -755,8 +765,15 @@ def trial(
             s.side.run(["scancel", job])
         s.close()
     out.print(b.table(f"inference burst: {b.node} lent and back (t+ from the burst)"))
+    events = Kube(cfg.kubeconfig)
+    try:
+        reasons = events.lender_events(b.node) if b.node else []
+    finally:
+        events.close()
     report = _report(b, s.scenario.load, rdir)
     report["training_jobs"] = jobs
+    report["node_events"] = reasons  # written by the runner pod's lender, as its ServiceAccount
+    out.print(f"Events on {b.node} from the runner pod's lender: {', '.join(reasons) or 'none'}")
     figs = report["figures"]
     out.print(
         f"burst -> first request served on the lent node: {_s(figs['burst_to_first_served_s'])};"

@@ -778,7 +778,7 @@ def trial(
     out.print(
         f"burst -> first request served on the lent node: {_s(figs['burst_to_first_served_s'])};"
         f" burst over -> node back in Slurm: {_s(figs['burst_over_to_in_slurm_s'])}; queued training"
-        f" job {b.queued_job} running there: {_s(figs['burst_over_to_training_s'])} after the burst"
+        f" job {b.queued_job} running there: {_s(figs['burst_over_to_training_s'])} after the burst ended"
     )
     out.print(f"report: {report['json']}")
     return report

@@ -95,3 +95,12 @@ def test_the_inference_service_serves_and_scales_with_the_load(real_cluster: Clu
         _delete(c, f"/api/v1/namespaces/{burst.NAMESPACE}/services/{burst.SERVICE}")
         _delete(c, f"/apis/scheduling.k8s.io/v1/priorityclasses/{burst.PRIORITY_CLASS}")
         kube.close()
+
+        # the package's next test finds the nodes' GPUs free: no replica left, not even stopping
+        def gone() -> bool:
+            r = c.http.get(
+                f"/api/v1/namespaces/{burst.NAMESPACE}/pods", params={"labelSelector": "app=infer"}
+            )
+            return r.status_code == 200 and not r.json()["items"]
+
+        wait_for(gone, 60, "the inference pods gone")

@@ -712,20 +712,11 @@ def run_demo(
     timeout: float = 600,
 ) -> dict[str, Any]:
     from lab import demo
-    from lab import lab as labmod
 
-    t_start = time.monotonic()
-    cfg = labmod.up(cfg, lambda m: console.print(f"[dim]lab[/dim] {m}"))
-    try:
-        demo.check_healthy(cfg)
-        console.print(f"lab healthy after {time.monotonic() - t_start:.1f}s (the runner pod's lender is on)")
+    with demo.demo_lab(cfg, keep, console, " (the runner pod's lender is on)") as cfg:
         report = trial(cfg, report_dir or cfg.run_dir / "demo", console, out, timeout)
         report["pulumi_up_s"] = demo._pods_stack_seconds(cfg)
         return report
-    finally:
-        if not keep:
-            labmod.down(cfg)
-            console.print("lab down (use --keep to leave it up and explore)")
 
 
 def trial(

@@ -28,10 +28,9 @@ from rich.table import Table
 
 from autoheal.errors import LabError
 from autoheal.faults import FaultClass, load_fault_catalog
-from lab import lab as labmod
 from lab import runner, slurm
 from lab.config import LabConfig, PoolConfig
-from lab.demo import HostSlurm, check_healthy, job_nodes
+from lab.demo import HostSlurm, demo_lab, job_nodes
 
 STEPS = 400  # the job's length: 40 s at 0.1 s a step, long enough to be drained while it runs
 PHASES: list[tuple[str, str]] = [
@@ -139,18 +138,10 @@ def run(
     cfg: LabConfig, keep: bool, console: Console, out: Console, report_dir: Path | None, timeout: float
 ) -> dict[str, Any]:
     """Up, the story, the table; down unless `keep`."""
-    t0 = time.monotonic()
-    cfg = labmod.up(cfg, lambda m: console.print(f"[dim]lab[/dim] {m}"))
-    try:
-        check_healthy(cfg)
-        console.print(f"lab healthy after {time.monotonic() - t0:.1f}s")
+    with demo_lab(cfg, keep, console) as cfg:
         report = story(cfg, report_dir or cfg.run_dir / "demo", console, timeout)
         out.print(_table(report))
         return report
-    finally:
-        if not keep:
-            labmod.down(cfg)
-            console.print("lab down (use --keep to leave it up and explore)")
 
 
 def story(cfg: LabConfig, rdir: Path, console: Console, timeout: float, steps: int = STEPS) -> dict[str, Any]:

@@ -14,6 +14,8 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,6 +308,21 @@ def job_nodes(side: SlurmSide, job: str) -> list[str]:
     return side.run(["scontrol", "show", "hostnames", m.group(1)]).split()
 
 
+@contextmanager
+def demo_lab(cfg: LabConfig, keep: bool, console: Console, healthy_note: str = "") -> Iterator[LabConfig]:
+    """Every demo's frame: the lab up and healthy (the time said), then down unless `keep`."""
+    t_start = time.monotonic()
+    cfg = labmod.up(cfg, lambda m: console.print(f"[dim]lab[/dim] {m}"))
+    try:
+        check_healthy(cfg)
+        console.print(f"lab healthy after {time.monotonic() - t_start:.1f}s{healthy_note}")
+        yield cfg
+    finally:
+        if not keep:
+            labmod.down(cfg)
+            console.print("lab down (use --keep to leave it up and explore)")
+
+
 def run_demo(
     cfg: LabConfig,
     keep: bool,
@@ -314,20 +331,12 @@ def run_demo(
     report_dir: Path | None = None,
     timeout: float = 600,
 ) -> dict[str, Any]:
-    t_start = time.monotonic()
-    cfg = labmod.up(cfg, lambda m: console.print(f"[dim]lab[/dim] {m}"))
-    try:
-        check_healthy(cfg)
-        console.print(f"lab healthy after {time.monotonic() - t_start:.1f}s")
+    with demo_lab(cfg, keep, console) as cfg:
         # a pods lab's `up` ran `pulumi up` itself (its Slurm and runner are what the stack declares)
         stack_up = _pods_stack_seconds(cfg) if cfg.pods else _pulumi_up(cfg, console)
         report = trial(cfg, report_dir or cfg.run_dir / "demo", console, out, timeout, cleanup=not keep)
         report["pulumi_up_s"] = stack_up
         return report
-    finally:
-        if not keep:
-            labmod.down(cfg)
-            console.print("lab down (use --keep to leave it up and explore)")
 
 
 def _pods_stack_seconds(cfg: LabConfig) -> float | None:

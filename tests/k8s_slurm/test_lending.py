@@ -49,7 +49,7 @@ from autoheal.labels import (
 )
 from lab import controlplane, pool, stack
 from lab import lab as labmod
-from lab.config import RUNNER_NAMESPACE, LabConfig, PoolConfig
+from lab.config import LabConfig, PoolConfig
 from lab.login import Login
 from remediation.cordon_sync import SyncJournal
 from remediation.executor import Executor, read_events
@@ -429,16 +429,8 @@ def test_an_xid_on_a_lent_node_fences_and_retires_it_and_its_inference_pod_runs_
         print(f"\n[lend-xid] {victim} lent, inference Running: {time.monotonic() - t0:.1f}s")
         subprocess.run(["scancel", hold], capture_output=True, timeout=60, check=True)
 
-        extra: dict[str, Any] = {
-            # the lab runner's play vars (test_slurm_rollout's), and the webhook the owners hear on
-            "autoheal_lab_name": cfg.name,
-            "autoheal_lab_root": str(cfg.root),
-            "autoheal_backend": "lab",
-            "autoheal_evidence_dir": str(tmp_path / "evidence"),
-            "autoheal_kubeconfig": str(cfg.kubeconfig),
-            "autoheal_job_namespace": RUNNER_NAMESPACE,
-            "autoheal_webhook_url": sink.url,
-        }
+        # the lab runner's play vars, and the webhook the owners hear on
+        extra = rollout._xid_play_vars(cfg, tmp_path, autoheal_webhook_url=sink.url)
         ex = Executor(REPO / "playbooks", tmp_path / "runner", step_timeout=900, run_timeout=1800)
         rlab = rollout.Lab(cfg, lab.bin_dir, login)
         # what a drain evicts there: the inference pod, and any Slurm pod the scheduler put there

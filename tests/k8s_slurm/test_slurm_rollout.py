@@ -340,6 +340,20 @@ class _Run:
                 self.after_drain = {"error": repr(exc)}
 
 
+def _xid_play_vars(cfg: LabConfig, tmp_path: Path, **more: Any) -> dict[str, Any]:
+    """The XID play's vars as the lab runner gives them (no slurm.conf: scontrol on PATH reaches the
+    pods' slurmctld), with the stack's job namespace (components/stack.py _ladder_play_vars)."""
+    return {
+        "autoheal_lab_name": cfg.name,
+        "autoheal_lab_root": str(cfg.root),
+        "autoheal_backend": "lab",
+        "autoheal_evidence_dir": str(tmp_path / "evidence"),
+        "autoheal_kubeconfig": str(cfg.kubeconfig),
+        "autoheal_job_namespace": RUNNER_NAMESPACE,
+        **more,
+    }
+
+
 def _run_xid_79(
     lab: Lab, ex: Executor, run_id: int, node: str, extra: dict[str, Any]
 ) -> tuple[RunOutcome, _Run, float]:
@@ -397,17 +411,7 @@ def test_the_whole_xid_79_run_on_a_dotted_node_fences_evacuates_drains_and_retir
     node = N2 if ctld == N1 else N1
     assert "." in node
     tools = build(["fake-gpu-tools"])[0].ref  # the stack's monitoring.dcgmImage, by digest
-    extra: dict[str, Any] = {
-        # the lab runner's play vars (no slurm.conf: scontrol on PATH reaches the pods' slurmctld)
-        "autoheal_lab_name": cfg.name,
-        "autoheal_lab_root": str(cfg.root),
-        "autoheal_backend": "lab",
-        "autoheal_evidence_dir": str(tmp_path / "evidence"),
-        "autoheal_kubeconfig": str(cfg.kubeconfig),
-        # the stack's (components/stack.py _ladder_play_vars)
-        "autoheal_job_namespace": RUNNER_NAMESPACE,
-        "autoheal_dcgm_image": tools,
-    }
+    extra = _xid_play_vars(cfg, tmp_path, autoheal_dcgm_image=tools)
     monkeypatch.setenv("PATH", f"{lab.bin_dir}{os.pathsep}{os.environ['PATH']}")
     ex = Executor(REPO / "playbooks", tmp_path / "runner", step_timeout=900, run_timeout=1800)
     trap = login.run(

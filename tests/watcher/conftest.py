@@ -18,7 +18,10 @@ import yaml
 from autoheal.kmsg import format_record
 from autoheal.monitoring import render_alertmanager_config
 from lab.sink import WebhookSink
+from lab.sysfs import FakeSysfs
 from tests.support import wait_for
+from watcher.config import WatcherConfig
+from watcher.daemon import Watcher
 
 AM_BIN = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
 TOKEN = "watcher-test-token"
@@ -186,3 +189,25 @@ def watcher_factory(tmp_path: Path, gpu_csv: Path) -> Iterator[Callable[..., Wat
     yield start
     for w in started:
         stop(w.proc)
+
+
+@pytest.fixture
+def sysfs(tmp_path: Path) -> FakeSysfs:
+    """A fake sysfs tree for the link check (lab/sysfs.py)."""
+    return FakeSysfs(tmp_path / "sys")
+
+
+def link_watcher(tmp_path: Path, sysfs: FakeSysfs, node: str = "gpu-2") -> Watcher:
+    """A watcher reading a kernel log file of its own, its link check on `sysfs`, posting nowhere."""
+    cfg = WatcherConfig.model_validate(
+        {
+            "node": node,
+            "source": "file",
+            "path": tmp_path / "kern.log",
+            "alertmanagers": ["http://127.0.0.1:9"],
+            "state_file": tmp_path / "state.json",
+            "gpu_map": "none",
+            "sysfs_root": sysfs.root,
+        }
+    )
+    return Watcher(cfg)

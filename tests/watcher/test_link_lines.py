@@ -13,8 +13,7 @@ import pytest
 
 from autoheal.faults import FaultClass, load_fault_catalog
 from lab.sysfs import FakeSysfs
-from watcher.config import WatcherConfig
-from watcher.daemon import Watcher
+from tests.watcher.conftest import link_watcher
 from watcher.link_lines import LinkEvent, parse_link_line
 from watcher.links import CREDIT_SECONDS, LinkMonitor
 from watcher.sources import Line
@@ -78,11 +77,6 @@ def test_the_drivers_own_link_lines_are_link_events(line: str, event: LinkEvent)
 )
 def test_anything_else_is_not(line: str) -> None:
     assert parse_link_line(line) is None
-
-
-@pytest.fixture
-def sysfs(tmp_path: Path) -> FakeSysfs:
-    return FakeSysfs(tmp_path / "sys")
 
 
 def _mon(sysfs: FakeSysfs) -> LinkMonitor:
@@ -170,18 +164,7 @@ def test_a_replayed_line_older_than_the_window_is_history(sysfs: FakeSysfs) -> N
 
 
 def test_the_watchers_reader_hands_link_lines_to_the_link_check(tmp_path: Path, sysfs: FakeSysfs) -> None:
-    cfg = WatcherConfig.model_validate(
-        {
-            "node": "gpu-2",
-            "source": "file",
-            "path": tmp_path / "kern.log",
-            "alertmanagers": ["http://127.0.0.1:9"],
-            "state_file": tmp_path / "state.json",
-            "gpu_map": "none",
-            "sysfs_root": sysfs.root,
-        }
-    )
-    w = Watcher(cfg)
+    w = link_watcher(tmp_path, sysfs)
     try:
         now = time.time()
         assert w.poll_links(now) == 0

@@ -9,19 +9,13 @@ import pytest
 
 from autoheal.faults import FaultClass, load_fault_catalog
 from lab.sysfs import FakeSysfs
-from watcher.config import WatcherConfig
-from watcher.daemon import Watcher
+from tests.watcher.conftest import link_watcher
 from watcher.links import LinkMonitor, degraded_alert, parse_speed
 
 CAT = load_fault_catalog()
 FLAP = CAT.require(FaultClass.LINK_FLAP)
 ERRS = CAT.require(FaultClass.NIC_ERRORS)
 PCIE = CAT.require(FaultClass.PCIE_DOWNTRAINED)
-
-
-@pytest.fixture
-def sysfs(tmp_path: Path) -> FakeSysfs:
-    return FakeSysfs(tmp_path / "sys")
 
 
 def _mon(sysfs: FakeSysfs) -> LinkMonitor:
@@ -163,18 +157,7 @@ def test_the_watcher_of_a_node_with_no_infiniband_at_all_offers_nothing_and_logs
     check runs, finds nothing to judge and is quiet - no alert, no error, on every poll."""
     sysfs.add_net("eth0", carrier_changes=6)
     sysfs.add_net("lo", physical=False)
-    cfg = WatcherConfig.model_validate(
-        {
-            "node": "cpu-1",
-            "source": "file",
-            "path": tmp_path / "kern.log",
-            "alertmanagers": ["http://127.0.0.1:9"],
-            "state_file": tmp_path / "state.json",
-            "gpu_map": "none",
-            "sysfs_root": sysfs.root,
-        }
-    )
-    w = Watcher(cfg)
+    w = link_watcher(tmp_path, sysfs, node="cpu-1")
     try:
         assert [w.poll_links(1000.0 + i) for i in range(5)] == [0] * 5
         assert len(w.outbox) == 0
@@ -252,18 +235,7 @@ def test_the_alert_carries_the_rules_labels_and_the_catalogue_version(sysfs: Fak
 
 def test_the_watcher_offers_one_alert_per_fault_into_its_outbox(tmp_path: Path, sysfs: FakeSysfs) -> None:
     sysfs.add_ib_port()
-    cfg = WatcherConfig.model_validate(
-        {
-            "node": "gpu-2",
-            "source": "file",
-            "path": tmp_path / "kern.log",
-            "alertmanagers": ["http://127.0.0.1:9"],
-            "state_file": tmp_path / "state.json",
-            "gpu_map": "none",
-            "sysfs_root": sysfs.root,
-        }
-    )
-    w = Watcher(cfg)
+    w = link_watcher(tmp_path, sysfs)
     try:
         assert w.poll_links(1000.0) == 0
         sysfs.flap(times=FLAP.threshold)

@@ -18,11 +18,7 @@ from pathlib import Path
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
 from lab.sink import WebhookSink
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
+from lab.stats import pct
 
 
 def main() -> None:

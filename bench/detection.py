@@ -36,14 +36,10 @@ from lab import lab as labmod
 from lab import pool, runner, slurm
 from lab.config import LabConfig, PoolConfig
 from lab.sink import WebhookSink
+from lab.stats import pct
 
 NODES = 4  # active nodes per lab; spares stay spares
 GROUP_GC_S = 31.0  # Alertmanager drops an emptied aggregation group every 30 s
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
 def line(name: str, xs: list[float], target: str) -> str:

@@ -39,15 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from autoheal.labels import LEND_REASON
+from lab.stats import pct
 from remediation.lending import Demand, Job, LendState, Policy, PoolNode, plan, update_idle
 
 TARGET_SERVED_S = 60.0
 RETURN_SLACK_S = 30.0
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
 # --- (b) the scripted day ----------------------------------------------------------------------

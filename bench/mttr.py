@@ -35,14 +35,10 @@ from autoheal.labels import SPARE_REASON
 from lab import demo, pool, runner, slurm
 from lab import lab as labmod
 from lab.config import LabConfig, PoolConfig
+from lab.stats import pct
 
 ANCHOR_HEALTHY_S = 5 * 60
 ANCHOR_END_TO_END_S = 15 * 60
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
 def wait_settled(cfg: LabConfig, spares: int, timeout: float) -> float:

@@ -30,6 +30,8 @@ from typing import Any
 import httpx
 import yaml
 
+from lab.stats import pct
+
 REPO = Path(__file__).resolve().parents[1]
 STUBS = REPO / "tests" / "remediation" / "playbooks"
 TOKEN = "bench-token-0123456789abcdef"
@@ -149,11 +151,6 @@ class Runner:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
 
 
 async def _connection(port: int, requests: list[bytes], latencies: list[float]) -> int:

@@ -168,11 +168,8 @@ class DegradedReturn(LeaderLoop):
 
     def reconcile(self) -> list[Verdict]:
         now = time.time()
-        recent = [
-            i
-            for i in self.journal.incidents([IncidentState.COMPLETED])
-            if (i.closed_at or 0) >= now - self.lookback and i.id not in self._settled
-        ]
+        closed = self.journal.closed_since(now - self.lookback, [IncidentState.COMPLETED])
+        recent = [i for i in closed if i.id not in self._settled]
         self._copy_returns([i for i in recent if i.source == RETURN_SOURCE])
         drains = [i for i in recent if is_drain(i) and not self._decided(i.id)]
         if not drains:

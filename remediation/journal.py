@@ -731,6 +731,17 @@ class Journal:
             params = (*params, limit)
         return [_incident(r) for r in self._query(sql, params)]
 
+    def closed_since(self, since: float, states: Sequence[str]) -> list[IncidentRecord]:
+        """Incidents in `states` closed at or after `since`, oldest first: a loop that looks back
+        a week reads that week (the closed_at index), not the whole history, every pass."""
+        marks = ",".join("?" * len(states))
+        rows = self._query(
+            f"SELECT * FROM incidents WHERE closed_at >= ? AND state IN ({marks})"  # noqa: S608
+            " ORDER BY opened_at, id",
+            (since, *states),
+        )
+        return [_incident(r) for r in rows]
+
     def cancel_requests(self) -> list[IncidentRecord]:
         """Open incidents an on-call engineer asked to cancel."""
         marks = ",".join("?" * len(CANCELLABLE_NOW))

@@ -191,6 +191,26 @@ def _slurmd(args: SlurmWorkersArgs) -> k8s.core.v1.ContainerArgs:
         timeout_seconds=5,
         failure_threshold=3,
     )
+    # Alive: slurmctld has a record of the node. A dynamic node's slurmd (-Z) refused at start (no
+    # MaxNodeCount slot while a dead node's record held it) retries on a delay doubling to 128 s,
+    # at debug level, and was seen still unregistered 240 s after the slot came free; restarting it
+    # registers it anew. Only Slurm's own answer for an unknown node counts (24.11's scontrol says
+    # "Node %s not found", or "Invalid node name specified" from a single-node load): a slurmctld
+    # that cannot be reached
+    # restarts nothing, and a node Slurm does not know runs no job a restart could kill.
+    registered = k8s.core.v1.ProbeArgs(
+        exec_=k8s.core.v1.ExecActionArgs(
+            command=[
+                "sh",
+                "-c",
+                '! scontrol show node "$NODE_NAME" 2>&1 | grep -qE "not found|Invalid node name"',
+            ]
+        ),
+        initial_delay_seconds=30,
+        period_seconds=10,
+        timeout_seconds=5,
+        failure_threshold=6,
+    )
     return k8s.core.v1.ContainerArgs(
         name="slurmd",
         image=args.image,
@@ -210,6 +230,7 @@ def _slurmd(args: SlurmWorkersArgs) -> k8s.core.v1.ContainerArgs:
         volume_mounts=[*args.parts.mounts, *args.shared_mounts, k8sargs.mount("spool", SPOOL_DIR)],
         # no TCP liveness probe (slurmd logs each empty connection): the container ends with slurmd
         readiness_probe=known,
+        liveness_probe=registered,
         # a read-write cgroup mount, for the jobs' cgroups (the module's docstring)
         security_context=k8s.core.v1.SecurityContextArgs(privileged=True),
     )

@@ -142,6 +142,13 @@ def test_slurmd_runs_on_the_pools_nodes_with_all_their_gpus(lab):
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["NODE_CONF"]["value"] == "CPUs=2 RealMemory=1000 Gres=gpu:h100:8 Feature=pool_h100"
     assert 'scontrol show node "$NODE_NAME"' in slurmd["readinessProbe"]["exec"]["command"][-1]
+    # restarted only when Slurm says it has no record of the node (never for an unreachable slurmctld)
+    alive = slurmd["livenessProbe"]
+    assert (
+        alive["exec"]["command"][-1]
+        == '! scontrol show node "$NODE_NAME" 2>&1 | grep -qE "not found|Invalid node name"'
+    )
+    assert alive["periodSeconds"] * alive["failureThreshold"] >= 60
     assert not spec.get("hostNetwork")  # the pod network, as Slinky: a hostname per slurmd
     # A config change must not restart slurmd under a running job.
     assert ds.inputs["spec"]["updateStrategy"] == {"type": "OnDelete"}

@@ -114,9 +114,12 @@ def _kill_machine(cfg: LabConfig, node: str) -> list[int]:
 
 def _wait_registered(cfg: LabConfig, slurm: PodSlurm, node: str) -> None:
     """Until `node` is a Slurm node. Its slurmd has been refused while the dead record held the
-    last MaxNodeCount slot, and retries on a growing delay (Debian's 24.11.5 slurmd logs "Unable to register
-    with slurm controller (retry in %us)"; slurmd.c's _registration_engine doubles it up to 128 s), so
-    its first try after the deletion can be that far away. A timeout names what the slurmd pods were doing (the flake this replaced said nothing)."""
+    last MaxNodeCount slot, and retries on a growing delay at debug level (slurmd.c's
+    _registration_engine doubles it up to 128 s); a fresh-clone run saw it still unregistered 240 s
+    after the deletion, with nothing in its log. The slurmd container's liveness probe now restarts
+    a slurmd that Slurm has no record of (components/slurm/workers.py), so it registers anew about
+    a minute after the slot comes free (88 s measured). A timeout names what the slurmd pods were
+    doing."""
     try:
         wait_for(lambda: node in slurm.nodes(), 128 + 112, f"the replacement {node} registered in Slurm")
     except AssertionError as exc:

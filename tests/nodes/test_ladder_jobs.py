@@ -261,6 +261,12 @@ def test_a_busy_gpu_is_refused_and_gpus_that_cannot_be_allocated_fail_validation
     finally:
         real_cluster.http.delete(f"/api/v1/namespaces/default/pods/{busy}")
         (real_cluster.run_dir / "simulator.json").write_text(json.dumps({"nodes": {}, "xids": []}))
+        # the package's lab is shared: the next test (the preflight's GPU row) must find 4 again
+        wait_for(
+            lambda: real_cluster.node("rn-2")["status"]["allocatable"].get("nvidia.com/gpu") == "4",
+            60,
+            "rn-2 allocatable 4 again",
+        )
     refused = event(got, "rn-1", "gpu_reset")
     assert (
         refused["status"] == "failed"

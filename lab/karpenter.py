@@ -172,7 +172,8 @@ def apply_crds(kubeconfig: Path, timeout: float = 60.0) -> list[str]:
                 conds = http.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}").json()
                 if any(
                     c["type"] == "Established" and c["status"] == "True"
-                    for c in conds.get("status", {}).get("conditions", [])
+                    # a CRD just created may answer `status.conditions: null` for a moment
+                    for c in (conds.get("status") or {}).get("conditions") or []
                 ):
                     break
                 if time.monotonic() > deadline:
